@@ -1,0 +1,167 @@
+"""`@kernel`: typed parameters, compile-time specialization, and the trace into kernel IR."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import Any, Callable
+
+from . import ir
+from .builder import TraceError, emit, tracing
+from .transform import traceable
+from .values import Pointer, Scalar, Traced, as_scalar, wrap
+
+MAX_PEERS = 8
+
+
+class constexpr:
+    """Annotation of a compile-time parameter (a specialization: H, world, dtype, flags)."""
+
+
+class _PtrAnnotation:
+    def __init__(self, elem: Any, table: bool = False):
+        self.elem = elem  # an ir type, or the name of a constexpr holding a dtype
+        self.table = table
+
+
+class _PtrFactory:
+    def __init__(self, table: bool):
+        self.table = table
+
+    def __getitem__(self, elem: Any) -> _PtrAnnotation:
+        return _PtrAnnotation(elem, self.table)
+
+
+Ptr = _PtrFactory(table=False)
+PeerPtrs = _PtrFactory(table=True)  # up to 8 peer pointers, passed by value
+
+
+def dtype_of(x: Any) -> ir.ScalarType:
+    """An ir scalar type from an ir type, a name ('bf16') or a torch dtype."""
+    if isinstance(x, (ir.ScalarType, ir.VectorType)):
+        return x
+    name = str(x).replace("torch.", "")
+    aliases = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32",
+               "float": "f32", "int32": "i32", "int64": "i64", "int8": "i8", "uint8": "i8",
+               "float8_e4m3fn": "i8", "float8_e4m3fnuz": "i8"}
+    name = aliases.get(name, name)
+    if name not in ir.SCALARS:
+        raise TraceError(f"unsupported dtype {x!r}; expected one of {sorted(ir.SCALARS)}")
+    return ir.SCALARS[name]
+
+
+class PeerTable:
+    """Peer pointers of one buffer; index with a rank (constant or traced)."""
+
+    def __init__(self, ptrs: list[Pointer]):
+        self.ptrs = ptrs
+
+    def __len__(self) -> int:
+        return len(self.ptrs)
+
+    def __getitem__(self, rank: Any) -> Pointer:
+        if isinstance(rank, int):
+            if not 0 <= rank < len(self.ptrs):
+                raise TraceError(f"peer index {rank} out of range [0, {len(self.ptrs)})")
+            return self.ptrs[rank]
+        rank = as_scalar(rank)
+        t = self.ptrs[0].type
+        return Pointer(emit("ptr_select", [rank.v] + [p.v for p in self.ptrs], [t]).result)
+
+
+class Kernel:
+    """A DSL kernel. `trace(**constexprs)` gives its IR; lowering and the simulator take that."""
+
+    def __init__(self, fn: Callable, block_size: int | str):
+        self.fn = fn
+        self.name = fn.__name__
+        self.block_size = block_size
+        self.signature = inspect.signature(fn)
+        self.constexpr_names = [n for n, p in self.signature.parameters.items()
+                                if p.annotation is constexpr or p.annotation == "constexpr"]
+        self._cache: dict[tuple, ir.Kernel] = {}
+
+    def __repr__(self) -> str:
+        return f"<peerdsl kernel {self.name}>"
+
+    def __call__(self, *args, **kwargs):
+        raise TraceError(f"kernel {self.name} cannot be called directly; trace it with "
+                         ".trace(**constexprs) and launch it through a runtime backend")
+
+    def _check_constexprs(self, constexprs: dict[str, Any]) -> None:
+        missing = [n for n in self.constexpr_names if n not in constexprs
+                   and self.signature.parameters[n].default is inspect.Parameter.empty]
+        unknown = [n for n in constexprs if n not in self.constexpr_names]
+        if missing or unknown:
+            raise TraceError(f"kernel {self.name}: constexprs missing {missing}, unknown {unknown}"
+                             f" (its constexprs are {self.constexpr_names})")
+
+    def trace(self, **constexprs: Any) -> ir.Kernel:
+        self._check_constexprs(constexprs)
+        for n in self.constexpr_names:
+            if n not in constexprs:
+                constexprs[n] = self.signature.parameters[n].default
+        key = tuple(sorted((k, repr(v)) for k, v in constexprs.items()))
+        if key not in self._cache:
+            self._cache[key] = self._trace(constexprs)
+        return self._cache[key]
+
+    def _resolve_block_size(self, constexprs: dict[str, Any]) -> int:
+        bs = self.block_size
+        if isinstance(bs, str):
+            bs = constexprs[bs]
+        if not isinstance(bs, int) or bs < 32 or bs > 1024 or bs % 32:
+            raise TraceError(f"kernel {self.name}: block size {bs!r} must be a multiple of 32 "
+                             "in [32, 1024]")
+        return bs
+
+    def _trace(self, constexprs: dict[str, Any]) -> ir.Kernel:
+        block_size = self._resolve_block_size(constexprs)
+        body = ir.Block()
+        params: list[ir.Param] = []
+        call_args: dict[str, Any] = {}
+        for name, p in self.signature.parameters.items():
+            ann = p.annotation
+            if name in self.constexpr_names:
+                call_args[name] = constexprs[name]
+                continue
+            if isinstance(ann, _PtrAnnotation):
+                elem = ann.elem
+                if isinstance(elem, str):
+                    if elem not in constexprs:
+                        raise TraceError(f"kernel {self.name}: parameter {name} is Ptr[{elem!r}] "
+                                         f"but {elem!r} is not a constexpr of the kernel")
+                    elem = constexprs[elem]
+                ptype = ir.PtrType(dtype_of(elem), "global")
+                count = MAX_PEERS if ann.table else 1
+                ptrs = []
+                for i in range(count):
+                    v = ir.Value(ptype, body)
+                    params.append(ir.Param(f"{name}_{i}" if ann.table else name, ptype, v))
+                    ptrs.append(Pointer(v))
+                call_args[name] = PeerTable(ptrs) if ann.table else ptrs[0]
+            elif isinstance(ann, ir.ScalarType) and ann in (ir.i32, ir.i64, ir.f32):
+                v = ir.Value(ann, body)
+                params.append(ir.Param(name, ann, v))
+                call_args[name] = Scalar(v)
+            else:
+                raise TraceError(f"kernel {self.name}: parameter {name!r} needs an annotation: "
+                                 "Ptr[dtype], PeerPtrs[dtype], i32, i64, f32 or constexpr")
+        body.args = [p.value for p in params]
+        with tracing(block_size, constexprs) as st:
+            st.blocks.append(body)
+            traceable(self.fn)(**call_args)
+            shared = st.shared
+        return ir.Kernel(self.name, params, body, block_size, dict(constexprs), shared)
+
+    def instance_name(self, **constexprs: Any) -> str:
+        """A symbol that names this specialization (the same on every target)."""
+        self._check_constexprs(constexprs)
+        text = repr(sorted((k, str(v)) for k, v in constexprs.items()))
+        return f"{self.name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+def kernel(fn: Callable | None = None, *, block_size: int | str = 256):
+    """Decorate a kernel function. `block_size` is an int or the name of a constexpr param."""
+    if fn is None:
+        return lambda f: Kernel(f, block_size)
+    return Kernel(fn, block_size)

@@ -1,0 +1,104 @@
+"""Memory operations. Every access that another agent may observe names a scope and an order.
+
+A load or store without a scope is a plain (non-atomic) access, free for the compiler to
+reorder within the rules of the target memory model. With a scope it is a single-copy-atomic
+access at that scope: scalar loads and stores become atomic with the given order; a 16-byte
+pack with a scope is a relaxed volatile access of one instruction (targets have no atomic
+vector accesses; the LL protocol relies only on the 16 bytes landing together, which every
+target gives for an aligned 16-byte access).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import ir
+from .builder import TraceError, emit, user_location
+from .values import Pointer, Scalar, Traced, Vector, as_scalar, wrap
+
+_LOAD_ORDERS = ("relaxed", "acquire")
+_STORE_ORDERS = ("relaxed", "release")
+_ATOMIC_KINDS = ("add", "max", "umax", "xchg")
+
+
+def _check(p: Any, scope: str | None, order: str | None, allowed: tuple[str, ...], what: str):
+    if not isinstance(p, Pointer):
+        raise TraceError(f"{user_location()}: {what} needs a pointer, got {p!r}")
+    if scope is None:
+        if order is not None:
+            raise TraceError(f"{user_location()}: {what} with order={order!r} must name a scope "
+                             f"(one of {ir.SCOPES})")
+        return None, None
+    if scope not in ir.SCOPES:
+        raise TraceError(f"{user_location()}: scope {scope!r} is not one of {ir.SCOPES}")
+    order = order or "relaxed"
+    if order not in allowed:
+        raise TraceError(f"{user_location()}: order {order!r} is not valid for {what}; "
+                         f"use one of {allowed}")
+    if p.type.space == "shared" and scope in ("agent", "system"):
+        raise TraceError(f"{user_location()}: shared memory is only visible to the workgroup; "
+                         f"scope {scope!r} is meaningless there")
+    if isinstance(p.elem, ir.VectorType) and order != "relaxed":
+        raise TraceError(f"{user_location()}: a {p.elem} access cannot be {order}; publish packs "
+                         "with a relaxed scoped store and a release on a flag or fence")
+    return scope, order
+
+
+def load(p: Pointer, scope: str | None = None, order: str | None = None,
+         nontemporal: bool = False) -> Traced:
+    scope, order = _check(p, scope, order, _LOAD_ORDERS, "load")
+    attrs = {"scope": scope, "order": order, "nontemporal": bool(nontemporal)}
+    return wrap(emit("load", [p.v], [p.elem], **attrs).result)
+
+
+def store(p: Pointer, value: Any, scope: str | None = None, order: str | None = None,
+          nontemporal: bool = False) -> None:
+    scope, order = _check(p, scope, order, _STORE_ORDERS, "store")
+    if isinstance(p.elem, ir.VectorType):
+        if not isinstance(value, Vector) or value.type != p.elem:
+            raise TraceError(f"{user_location()}: storing {getattr(value, 'type', value)!r} "
+                             f"through a {p.type}")
+    else:
+        value = as_scalar(value, p.elem)
+        if value.type != p.elem:
+            raise TraceError(f"{user_location()}: storing {value.type} through a {p.type}; "
+                             "convert explicitly")
+    emit("store", [p.v, value.v], [], scope=scope, order=order, nontemporal=bool(nontemporal))
+
+
+def atomic(kind: str, p: Pointer, value: Any, scope: str, order: str = "relaxed") -> Scalar:
+    if kind not in _ATOMIC_KINDS:
+        raise TraceError(f"{user_location()}: atomic kind {kind!r} is not one of {_ATOMIC_KINDS}")
+    scope, order = _check(p, scope, order, ir.ORDERS, f"atomic {kind}")
+    if p.elem not in (ir.i32, ir.i64) and not (kind == "add" and p.elem is ir.f32):
+        raise TraceError(f"{user_location()}: atomic {kind} on {p.elem} is not supported")
+    value = as_scalar(value, p.elem)
+    return Scalar(emit("atomic", [p.v, value.v], [p.elem], kind=kind, scope=scope,
+                       order=order).result)
+
+
+def atomic_add(p, v, scope, order="relaxed"): return atomic("add", p, v, scope, order)
+def atomic_max(p, v, scope, order="relaxed"): return atomic("max", p, v, scope, order)
+def atomic_xchg(p, v, scope, order="relaxed"): return atomic("xchg", p, v, scope, order)
+
+
+def atomic_cas(p: Pointer, expected: Any, desired: Any, scope: str,
+               order: str = "acq_rel") -> Scalar:
+    scope, order = _check(p, scope, order, ir.ORDERS, "compare-swap")
+    if p.elem not in (ir.i32, ir.i64):
+        raise TraceError(f"{user_location()}: compare-swap on {p.elem} is not supported")
+    e, d = as_scalar(expected, p.elem), as_scalar(desired, p.elem)
+    return Scalar(emit("cas", [p.v, e.v, d.v], [p.elem], scope=scope, order=order).result)
+
+
+def fence(scope: str, order: str = "acq_rel") -> None:
+    if scope not in ir.SCOPES:
+        raise TraceError(f"{user_location()}: scope {scope!r} is not one of {ir.SCOPES}")
+    if order not in ("acquire", "release", "acq_rel"):
+        raise TraceError(f"{user_location()}: fence order {order!r} must be acquire, release "
+                         "or acq_rel")
+    emit("fence", [], [], scope=scope, order=order)
+
+
+def barrier() -> None:
+    """Block-wide barrier: every thread arrives, and workgroup memory is made visible."""
+    emit("barrier", [], [])

@@ -1,0 +1,90 @@
+"""The Signal: the only way a kernel synchronizes with its peers (SPEC section 3).
+
+Per-block epochs live in device memory (the Signal's epoch words), so graph replay and
+kernels of different kinds sharing the Signal all advance the same counters. A barrier
+compares slots with `>=` against the new epoch. Every spin is bounded by the host-set
+spin limit; on expiry the first failing block writes an error record the host reads.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import layout
+from . import ir
+from .intrinsics import block_id, thread_id
+from .kernel import PeerTable
+from .memory import atomic_cas, barrier, load, store
+from .values import Pointer, Scalar, as_scalar
+
+
+def record_error(sig: Pointer, rank: Any, what: int, expected: Any, seen: Any) -> None:
+    """Write (rank, block, what, expected, seen) unless another spin already did."""
+    err = sig + layout.SIG_ERROR
+    if atomic_cas(err, 0, 1, "system", "acq_rel") == 0:
+        store(err + 1, rank, "system", "relaxed")
+        store(err + 2, block_id(), "system", "relaxed")
+        store(err + 3, what, "system", "relaxed")
+        store(err + 4, expected, "system", "relaxed")
+        store(err + 5, seen, "system", "relaxed")
+
+
+def spin_until_ge(flag: Pointer, target: Any, sig: Pointer, rank: Any, what: int) -> Scalar:
+    """Acquire-load `flag` until it is >= target, at most the host's spin limit times.
+
+    Returns 1 when the wait succeeded, 0 when it expired (an error record is then written).
+    """
+    limit = load(sig + layout.SIG_SPIN_LIMIT)
+    seen = load(flag, "system", "acquire")
+    n = 0
+    while (seen < target) and (n < limit):
+        seen = load(flag, "system", "acquire")
+        n = n + 1
+    ok = seen >= target
+    if not ok:
+        record_error(sig, rank, what, target, seen)
+    return ok.to_i32()
+
+
+class Signal:
+    """Barriers between the blocks of the same index on every rank.
+
+    `sig` is the peer table of every rank's Signal base (i32 words); `rank` this rank,
+    `world` a constexpr.
+    """
+
+    def __init__(self, sig: PeerTable, rank: Any, world: int):
+        if not isinstance(world, int) or not 1 <= world <= layout.MAX_RANKS:
+            raise ValueError(f"world size {world!r} must be a constant in [1, {layout.MAX_RANKS}]")
+        self.peers = sig
+        self.rank = as_scalar(rank)
+        self.world = world
+        self.self_sig = sig[self.rank]
+        self.block = block_id()
+        epoch_ptr = self.self_sig + (layout.SIG_EPOCH + self.block)
+        self.epoch = load(epoch_ptr) + 1  # this launch's epoch for this block
+        self._epoch_ptr = epoch_ptr
+
+    def _slot(self, base: int, owner: Pointer, peer: Any) -> Pointer:
+        return owner + (base + self.block * layout.MAX_RANKS + peer)
+
+    def _barrier(self, base: int, what: int) -> None:
+        t = thread_id()
+        if t < self.world:
+            store(self._slot(base, self.peers[t], self.rank), self.epoch, "system", "release")
+            spin_until_ge(self._slot(base, self.self_sig, t), self.epoch, self.self_sig,
+                          self.rank, what)
+        barrier()
+
+    def start(self) -> None:
+        """Every rank's block has arrived: peers' inputs of this launch may be read."""
+        self._barrier(layout.SIG_START, layout.WAIT_START)
+
+    def end(self) -> None:
+        """Every rank's block is done reading: peers may overwrite what was read."""
+        barrier()
+        self._barrier(layout.SIG_END, layout.WAIT_END)
+
+    def finish(self) -> None:
+        """Advance this block's epoch in device memory (call once, at the end of the kernel)."""
+        if thread_id() == 0:
+            store(self._epoch_ptr, self.epoch)
