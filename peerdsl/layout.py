@@ -15,21 +15,22 @@ STAGING_BYTES = 16 << 20
 LL_LINE_BYTES = 16          # {data0, flag, data1, flag}
 LL_DATA_PER_LINE = 8        # 2 data words per line
 
-# Signal words (i32 index)
-SIG_START = 0                                   # [MAX_BLOCKS][MAX_RANKS]: epoch from peer
-SIG_END = SIG_START + MAX_BLOCKS * MAX_RANKS    # [MAX_BLOCKS][MAX_RANKS]
-SIG_EPOCH = SIG_END + MAX_BLOCKS * MAX_RANKS    # [MAX_BLOCKS]: this rank's block epochs
+# Signal words (i32 index). One slot array: barrier k of a launch writes epoch base+k, and
+# every wait compares with >=, so the values only grow whatever kernels share the Signal.
+SIG_SLOTS = 0                                   # [MAX_BLOCKS][MAX_RANKS]: epoch from peer
+SIG_EPOCH = SIG_SLOTS + MAX_BLOCKS * MAX_RANKS  # [MAX_BLOCKS]: this rank's block epochs
 SIG_LL_EPOCH = SIG_EPOCH + MAX_BLOCKS           # one LL epoch shared by every LL launch
-SIG_SPIN_LIMIT = SIG_LL_EPOCH + 1               # iterations a spin may take (set by the host)
+SIG_LL_DONE = SIG_LL_EPOCH + 1                  # blocks of the current LL launch that finished
+SIG_SPIN_LIMIT = SIG_LL_DONE + 1                # iterations a spin may take (set by the host)
 SIG_ERROR = SIG_SPIN_LIMIT + 1                  # [8]: flag, rank, block, what, expected, seen
 ERROR_WORDS = 8
 SIGNAL_WORDS = SIG_ERROR + ERROR_WORDS
 SIGNAL_BYTES = (SIGNAL_WORDS * 4 + 4095) // 4096 * 4096
 
 # what a spin waited for, in the error record
-WAIT_START, WAIT_END, WAIT_LL, WAIT_FLAG = 1, 2, 3, 4
+WAIT_START, WAIT_END, WAIT_LL, WAIT_FLAG, WAIT_SYNC = 1, 2, 3, 4, 5
 WAIT_NAMES = {WAIT_START: "start barrier", WAIT_END: "end barrier", WAIT_LL: "LL line",
-              WAIT_FLAG: "flag"}
+              WAIT_FLAG: "flag", WAIT_SYNC: "phase barrier"}
 
 
 def ll_packets(ll_max_bytes: int = LL_MAX_BYTES) -> int:

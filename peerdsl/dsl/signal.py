@@ -49,7 +49,9 @@ class Signal:
     """Barriers between the blocks of the same index on every rank.
 
     `sig` is the peer table of every rank's Signal base (i32 words); `rank` this rank,
-    `world` a constexpr.
+    `world` a constexpr. Each barrier of a launch uses the next epoch of this block's
+    device-side counter (one slot array, monotonic values compared with >=), so kernels of
+    any kind sharing the Signal can never release each other's barriers early.
     """
 
     def __init__(self, sig: PeerTable, rank: Any, world: int):
@@ -60,31 +62,35 @@ class Signal:
         self.world = world
         self.self_sig = sig[self.rank]
         self.block = block_id()
-        epoch_ptr = self.self_sig + (layout.SIG_EPOCH + self.block)
-        self.epoch = load(epoch_ptr) + 1  # this launch's epoch for this block
-        self._epoch_ptr = epoch_ptr
+        self._epoch_ptr = self.self_sig + (layout.SIG_EPOCH + self.block)
+        self._base = load(self._epoch_ptr)
+        self._used = 0
 
-    def _slot(self, base: int, owner: Pointer, peer: Any) -> Pointer:
-        return owner + (base + self.block * layout.MAX_RANKS + peer)
+    def _slot(self, owner: Pointer, peer: Any) -> Pointer:
+        return owner + (layout.SIG_SLOTS + self.block * layout.MAX_RANKS + peer)
 
-    def _barrier(self, base: int, what: int) -> None:
+    def _barrier(self, what: int) -> None:
+        self._used += 1
+        epoch = self._base + self._used
         t = thread_id()
         if t < self.world:
-            store(self._slot(base, self.peers[t], self.rank), self.epoch, "system", "release")
-            spin_until_ge(self._slot(base, self.self_sig, t), self.epoch, self.self_sig,
-                          self.rank, what)
+            store(self._slot(self.peers[t], self.rank), epoch, "system", "release")
+            spin_until_ge(self._slot(self.self_sig, t), epoch, self.self_sig, self.rank, what)
         barrier()
 
     def start(self) -> None:
         """Every rank's block has arrived: peers' inputs of this launch may be read."""
-        self._barrier(layout.SIG_START, layout.WAIT_START)
+        self._barrier(layout.WAIT_START)
+
+    def sync(self) -> None:
+        """A barrier between phases: what this block wrote before is visible to the peers."""
+        barrier()
+        self._barrier(layout.WAIT_SYNC)
 
     def end(self) -> None:
-        """Every rank's block is done reading: peers may overwrite what was read."""
+        """Every rank's block is done reading: peers may overwrite what was read.
+        Also advances this block's epoch in device memory, so call it last."""
         barrier()
-        self._barrier(layout.SIG_END, layout.WAIT_END)
-
-    def finish(self) -> None:
-        """Advance this block's epoch in device memory (call once, at the end of the kernel)."""
+        self._barrier(layout.WAIT_END)
         if thread_id() == 0:
-            store(self._epoch_ptr, self.epoch)
+            store(self._epoch_ptr, self._base + self._used)
