@@ -11,9 +11,8 @@ Op catalogue (name: operands -> results; attrs):
   neg abs rsqrt rcp sqrt not: a -> r
   cmp: a, b -> i1; pred in lt le gt ge eq ne
   select: c, a, b -> r
-  cast: a -> r; kind in sext zext trunc sitofp fptosi extf truncf bitcast fp8
-        (truncf is round-to-nearest-even; fp8 is f32 -> e4m3 byte with clamp, attr fmt)
-  fp8_to_f32: byte -> f32; fmt
+  cast: a -> r; kind in sext zext trunc sitofp fptosi extf truncf bitcast
+        (truncf is round-to-nearest-even; bitcast also between vectors of equal size)
   vec_extract: v -> scalar; index          vec_build: s0..sn-1 -> vec
   special: -> i32; which in thread_id block_id grid_dim
   shfl_xor: v, -> v; mask, width         (butterfly inside groups of `width` lanes)

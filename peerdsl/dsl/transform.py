@@ -49,6 +49,8 @@ def _assigned_names(stmts: list[ast.stmt]) -> list[str]:
 def _has_escape(stmts: list[ast.stmt], loop: bool) -> bool:
     """True if the statements contain return, or break/continue that leaves this construct."""
     for node in stmts:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # a return inside a nested def (our own bodies too) stays there
         for sub in _walk_same_function(node, inside_loop=False):
             kind, nested_loop = sub
             if isinstance(kind, ast.Return):

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import ir
 from .builder import TraceError, emit, user_location
+
+
+_FLOAT_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.float32}
 
 
 class Traced:
@@ -48,7 +53,8 @@ def wrap(v: ir.Value) -> Traced:
 
 def const(value: Any, type_: ir.ScalarType) -> "Scalar":
     if type_.is_float:
-        value = float(value)
+        # rounded once to the constant's type here, so every consumer sees the same bits
+        value = float(_FLOAT_NP[type_.name](value))
     elif type_ is ir.i1:
         value = bool(value)
     else:
@@ -200,6 +206,12 @@ class Vector(Traced):
 
     def to_f32(self) -> list[Scalar]:
         return [e.to_f32() for e in self.elements()]
+
+    def bitcast(self, to: ir.VectorType) -> "Vector":
+        """The same bytes seen as another vector type (e.g. an LL line i32x4 as bf16x8)."""
+        if not isinstance(to, ir.VectorType) or to.nbytes != self.type.nbytes:
+            raise TraceError(f"{user_location()}: bitcast {self.type} -> {to} changes size")
+        return Vector(emit("cast", [self.v], [to], kind="bitcast").result)
 
 
 def pack(elements: Sequence[Any], elem: ir.ScalarType) -> Vector:

@@ -1,0 +1,308 @@
+"""Kernel IR -> MLIR text (a gpu.module holding one gpu.func kernel).
+
+Text, not the builder API: it needs no MLIR import (so it runs in the parent process and
+its errors are plain Python exceptions), is cheap to generate, and the worker parses it
+in one call. Every op carries `loc("file":line:0)` from the DSL source, and `line_locs`
+maps MLIR text lines back to that source so parse errors can name the user's line too.
+
+Semantics follow the catalogue in `peerdsl.dsl.ir` exactly; the comments say where a
+choice was made to keep the targets and the simulator bit-identical.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any, Callable
+
+from ..dsl import ir
+from .targets import Target, get_target
+
+
+class LoweringError(Exception):
+    """The kernel IR cannot be lowered; the message names the DSL source line."""
+
+
+_INT_BIN = {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "div": "arith.divsi",
+            "rem": "arith.remsi", "min": "arith.minsi", "max": "arith.maxsi", "and": "arith.andi",
+            "or": "arith.ori", "xor": "arith.xori", "shl": "arith.shli", "shr": "arith.shrui"}
+# maxnumf/minnumf: IEEE maxNum/minNum, a NaN operand loses (arith.maximumf would propagate it)
+_FLT_BIN = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": "arith.divf",
+            "rem": "arith.remf", "min": "arith.minnumf", "max": "arith.maxnumf"}
+_ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
+# ordered compares, except ne which is unordered so NaN != NaN is true (as in Python / IEEE)
+_FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
+_ORDER = {"relaxed": "monotonic", "acquire": "acquire", "release": "release",
+          "acq_rel": "acq_rel"}
+_SPECIAL = {"thread_id": "gpu.thread_id", "block_id": "gpu.block_id", "grid_dim": "gpu.grid_dim"}
+
+
+def mlir_type(t: Any) -> str:
+    if isinstance(t, ir.PtrType):
+        return "!llvm.ptr<3>" if t.space == "shared" else "!llvm.ptr<1>"
+    if isinstance(t, ir.VectorType):
+        return f"vector<{t.count}x{t.elem.name}>"
+    if isinstance(t, ir.ScalarType):
+        return t.name
+    raise LoweringError(f"no MLIR type for {t!r}")
+
+
+def _float_literal(value: float, t: ir.ScalarType) -> str:
+    """Exact hex bit pattern, so no decimal round trip can change a constant."""
+    if t is ir.f32:
+        return "0x%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+    if t is ir.f16:
+        return "0x%04X" % struct.unpack("<H", struct.pack("<e", value))[0]
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]  # bf16: f32 rounded to nearest even
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
+        return "0x7FC0"
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return "0x%04X" % ((bits >> 16) & 0xFFFF)
+
+
+def _sym(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+class _Gen:
+    def __init__(self, kernel: ir.Kernel, target: Target, symbol: str):
+        self.k, self.t, self.symbol = kernel, target, symbol
+        self.names: dict[int, str] = {}
+        self.lines: list[str] = []
+        self.line_locs: dict[int, str] = {}  # 1-based MLIR line -> DSL "file:line"
+        self.tmp = 0
+        self.depth = 2
+        self.op: ir.Op | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def err(self, msg: str) -> LoweringError:
+        where = self.op.loc if self.op is not None and self.op.loc else "<unknown location>"
+        name = self.op.name if self.op is not None else "?"
+        return LoweringError(f"{where}: cannot lower `{name}` for {self.t.arch}: {msg}")
+
+    def fresh(self) -> str:
+        self.tmp += 1
+        return f"%t{self.tmp}"
+
+    def bind(self, v: ir.Value) -> str:
+        n = f"%v{len(self.names)}"
+        self.names[v.id] = n
+        return n
+
+    def use(self, v: ir.Value) -> str:
+        try:
+            return self.names[v.id]
+        except KeyError:
+            raise self.err("operand is not defined before use (IR not in SSA order)") from None
+
+    def loc(self) -> str:
+        if self.op is None or not self.op.loc:
+            return ""
+        path, _, line = self.op.loc.rpartition(":")
+        if not line.isdigit():
+            return ""
+        path = path.replace("\\", "\\\\").replace('"', '\\"')
+        return f' loc("{path}":{line}:0)'
+
+    def emit(self, text: str, with_loc: bool = True) -> None:
+        self.lines.append("  " * self.depth + text + (self.loc() if with_loc else ""))
+        if self.op is not None and self.op.loc:
+            self.line_locs[len(self.lines)] = self.op.loc
+
+    def val(self, text: str) -> str:
+        """Emit `%tN = text` and return %tN."""
+        r = self.fresh()
+        self.emit(f"{r} = {text}")
+        return r
+
+    def const(self, value: int, t: str = "i32") -> str:
+        return self.val(f"arith.constant {value} : {t}")
+
+    def scope(self, scope: str) -> str:
+        s = self.t.syncscope(scope)
+        return f'syncscope("{s}") ' if s else ""
+
+    def check(self, cond: bool, msg: str) -> None:
+        if not cond:
+            raise self.err(msg)
+
+    # ------------------------------------------------------------------ module
+    def module(self) -> str:
+        k = self.k
+        tgt = (f'#rocdl.target<chip = "{self.t.arch}", O = 3>' if self.t.is_amd
+               else f'#nvvm.target<chip = "{self.t.arch}", O = 3>')
+        self.lines += ["module attributes {gpu.container_module} {",
+                       f"  gpu.module @peerdsl [{tgt}] {{"]
+        smem_syms = []
+        for i, op in enumerate(k.shared):
+            self.op = op
+            sym = f"smem{i}_{_sym(op.attrs['name'])}"
+            elem = mlir_type(op.result.type.elem)
+            self.check(isinstance(op.attrs.get("count"), int) and op.attrs["count"] > 0,
+                       "shared array needs a positive constant count")
+            self.emit(f"llvm.mlir.global internal @{sym}() {{addr_space = 3 : i32, "
+                      f"alignment = 16 : i64}} : !llvm.array<{op.attrs['count']} x {elem}>")
+            smem_syms.append((op, sym))
+        self.op = None
+        params = []
+        for p in k.params:
+            if not (isinstance(p.type, ir.PtrType) or p.type in (ir.i32, ir.i64, ir.f32)):
+                raise LoweringError(f"kernel {k.name}: parameter {p.name} has type {p.type}; "
+                                    "kernel parameters are pointers, i32, i64 or f32")
+            params.append(f"{self.bind(p.value)}: {mlir_type(p.type)}")
+        bs = k.block_size
+        # The launch bound lets the register allocator use the budget of the real block size.
+        attr = (f'rocdl.flat_work_group_size = "{bs},{bs}"' if self.t.is_amd
+                else f"nvvm.maxntid = array<i32: {bs}, 1, 1>")
+        self.lines.append(f"    gpu.func @{self.symbol}({', '.join(params)}) kernel "
+                          f"attributes {{{attr}}} {{")
+        self.depth = 3
+        for op, sym in smem_syms:
+            self.op = op
+            self.emit(f"{self.bind(op.result)} = llvm.mlir.addressof @{sym} : !llvm.ptr<3>")
+        self.block(k.body)
+        self.op = None
+        self.emit("gpu.return")
+        self.lines += ["    }", "  }", "}"]
+        return "\n".join(self.lines) + "\n"
+
+    def block(self, block: ir.Block) -> None:
+        for op in block.ops:
+            self.op = op
+            fn: Callable[[ir.Op], None] | None = getattr(self, "op_" + op.name, None)
+            if fn is None:
+                if op.name in _INT_BIN or op.name in _FLT_BIN:
+                    fn = self.binary
+                else:
+                    raise self.err("unknown op (not in the ir.py catalogue)")
+            fn(op)
+
+    def region(self, block: ir.Block, header: str | None = None) -> None:
+        """Emit a region body; the terminator (yield/condition) is the block's last op."""
+        self.depth += 1
+        if header is not None:
+            self.lines.append("  " * (self.depth - 1) + header)
+        self.block(block)
+        self.depth -= 1
+
+    # ------------------------------------------------------------------ arithmetic
+    def same_types(self, op: ir.Op, n: int) -> Any:
+        self.check(len(op.operands) == n, f"expects {n} operands, got {len(op.operands)}")
+        t = op.operands[0].type
+        for o in op.operands[1:]:
+            self.check(o.type == t, f"operand types differ: {t} and {o.type}")
+        if op.results:
+            self.check(op.result.type == (ir.i1 if op.name == "cmp" else t),
+                       f"result type {op.result.type} does not match operands {t}")
+        return t
+
+    def binary(self, op: ir.Op) -> None:
+        t = self.same_types(op, 2)
+        self.check(isinstance(t, ir.ScalarType), f"operands must be scalars, got {t}")
+        table = _FLT_BIN if t.is_float else _INT_BIN
+        self.check(op.name in table, f"{op.name} is not defined on {t}")
+        a, b = map(self.use, op.operands)
+        self.emit(f"{self.bind(op.result)} = {table[op.name]} {a}, {b} : {mlir_type(t)}")
+
+    def op_const(self, op: ir.Op) -> None:
+        t, v = op.result.type, op.attrs["value"]
+        self.check(isinstance(t, ir.ScalarType), f"constant of {t}")
+        if t is ir.i1:
+            lit = "true" if v else "false"
+        elif t.is_float:
+            lit = _float_literal(float(v), t)
+        else:
+            v = int(v) & ((1 << t.bits) - 1)  # two's complement bits, printed signed
+            lit = str(v - (1 << t.bits) if v >> (t.bits - 1) else v)
+        self.emit(f"{self.bind(op.result)} = arith.constant {lit} : {t.name}")
+
+    def op_fma(self, op: ir.Op) -> None:
+        t = self.same_types(op, 3)
+        self.check(t.is_float if isinstance(t, ir.ScalarType) else False, f"fma of {t}")
+        a, b, c = map(self.use, op.operands)
+        self.emit(f"{self.bind(op.result)} = llvm.intr.fma({a}, {b}, {c}) : "
+                  f"({t}, {t}, {t}) -> {t}")
+
+    def unary_float(self, op: ir.Op) -> tuple[str, str]:
+        t = self.same_types(op, 1)
+        self.check(isinstance(t, ir.ScalarType) and t.is_float, f"{op.name} needs a float, got {t}")
+        return self.use(op.operands[0]), t.name
+
+    def op_sqrt(self, op: ir.Op) -> None:
+        # llvm.sqrt is correctly rounded on both backends (no afn / !fpmath); math.sqrt would
+        # become an ocml/libdevice call.
+        x, t = self.unary_float(op)
+        self.emit(f"{self.bind(op.result)} = llvm.intr.sqrt({x}) : ({t}) -> {t}")
+
+    def op_rsqrt(self, op: ir.Op) -> None:
+        x, t = self.unary_float(op)  # 1 / sqrt(x): two correctly rounded steps, as the sim
+        s = self.val(f"llvm.intr.sqrt({x}) : ({t}) -> {t}")
+        one = self.val(f"arith.constant {_float_literal(1.0, op.result.type)} : {t}")
+        self.emit(f"{self.bind(op.result)} = arith.divf {one}, {s} : {t}")
+
+    def op_rcp(self, op: ir.Op) -> None:
+        x, t = self.unary_float(op)
+        one = self.val(f"arith.constant {_float_literal(1.0, op.result.type)} : {t}")
+        self.emit(f"{self.bind(op.result)} = arith.divf {one}, {x} : {t}")
+
+    def op_neg(self, op: ir.Op) -> None:
+        t = self.same_types(op, 1)
+        x = self.use(op.operands[0])
+        if t.is_float:
+            self.emit(f"{self.bind(op.result)} = arith.negf {x} : {t}")
+        else:
+            zero = self.val(f"arith.constant 0 : {t}")
+            self.emit(f"{self.bind(op.result)} = arith.subi {zero}, {x} : {t}")
+
+    def op_abs(self, op: ir.Op) -> None:
+        t = self.same_types(op, 1)
+        x = self.use(op.operands[0])
+        if t.is_float:
+            self.emit(f"{self.bind(op.result)} = llvm.intr.fabs({x}) : ({t}) -> {t}")
+            return
+        zero = self.val(f"arith.constant 0 : {t}")
+        neg = self.val(f"arith.subi {zero}, {x} : {t}")
+        lt = self.val(f"arith.cmpi slt, {x}, {zero} : {t}")
+        self.emit(f"{self.bind(op.result)} = arith.select {lt}, {neg}, {x} : {t}")
+
+    def op_not(self, op: ir.Op) -> None:
+        t = self.same_types(op, 1)
+        self.check(t.is_int, f"not of {t}")
+        ones = self.val(f"arith.constant {'true' if t is ir.i1 else -1} : {t}")
+        self.emit(f"{self.bind(op.result)} = arith.xori {self.use(op.operands[0])}, {ones} : {t}")
+
+    def op_cmp(self, op: ir.Op) -> None:
+        t = self.same_types(op, 2)
+        pred = op.attrs["pred"]
+        table = _FCMP if t.is_float else _ICMP
+        self.check(pred in table, f"unknown predicate {pred!r}")
+        kind = "arith.cmpf" if t.is_float else "arith.cmpi"
+        a, b = map(self.use, op.operands)
+        self.emit(f"{self.bind(op.result)} = {kind} {table[pred]}, {a}, {b} : {t}")
+
+    def op_select(self, op: ir.Op) -> None:
+        c, a, b = op.operands
+        self.check(c.type is ir.i1, f"select condition is {c.type}, not i1")
+        self.check(a.type == b.type == op.result.type, f"select of {a.type} and {b.type}")
+        t = mlir_type(a.type)
+        kind = "llvm.select" if isinstance(a.type, (ir.PtrType, ir.VectorType)) else "arith.select"
+        if kind == "llvm.select":
+            self.emit(f"{self.bind(op.result)} = llvm.select {self.use(c)}, {self.use(a)}, "
+                      f"{self.use(b)} : i1, {t}")
+        else:
+            self.emit(f"{self.bind(op.result)} = arith.select {self.use(c)}, {self.use(a)}, "
+                      f"{self.use(b)} : {t}")
+
+    # ------------------------------------------------------------------ the rest
+    from ._gen_ops import (op_cast, op_fp8_to_f32, op_vec_extract, op_vec_build,  # noqa: E402
+                           op_special, op_shfl_xor, op_ptr_offset, op_ptr_cast, op_ptr_select,
+                           op_load, op_store, op_atomic, op_cas, op_fence, op_barrier,
+                           op_smem, op_globaltimer, op_if, op_for, op_while, op_yield,
+                           op_condition, fp8_encode)
+
+
+def generate(kernel: ir.Kernel, target: "str | Target", symbol: str | None = None
+             ) -> tuple[str, dict[int, str]]:
+    """MLIR text for `kernel` on `target`, and a map MLIR line -> DSL source "file:line"."""
+    t = get_target(target)
+    g = _Gen(kernel, t, symbol or kernel.name)
+    return g.module(), g.line_locs

@@ -1,0 +1,71 @@
+"""Per-architecture facts. PURE DATA: the runtime imports this on machines without MLIR.
+
+Only `lowering/` (and runtimes choosing a code object) consult these; the DSL source is the
+same for every target.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    arch: str                 # "gfx1250", "sm_90", ...
+    vendor: str               # "amd" | "nvidia"
+    wave_size: int
+    fp8_format: str           # "e4m3fn" | "e4m3fnuz"
+    code_object_ext: str      # "hsaco" | "cubin"
+    isa_ext: str              # ".s" (AMDGPU assembly) | ".ptx"
+    elf_mach: int | None      # AMD: e_flags & 0xff (EF_AMDGPU_MACH_*); None for NVIDIA
+    # DSL scope -> LLVM syncscope string ("" is the system scope on both backends)
+    syncscopes: tuple[tuple[str, str], ...]
+    # globaltimer: nanoseconds per tick of the steady counter (AMD realtime is 100 MHz)
+    timer_ns_per_tick: int
+
+    @property
+    def is_amd(self) -> bool:
+        return self.vendor == "amd"
+
+    @property
+    def is_nvidia(self) -> bool:
+        return self.vendor == "nvidia"
+
+    def syncscope(self, scope: str) -> str:
+        return dict(self.syncscopes)[scope]
+
+    @property
+    def fp8_max(self) -> float:
+        return 448.0 if self.fp8_format == "e4m3fn" else 240.0
+
+
+_AMD_SCOPES = (("wave", "wavefront"), ("workgroup", "workgroup"), ("agent", "agent"),
+               ("system", ""))
+# PTX has no warp memory scope: a wave-scope access is made CTA-scoped (stronger, still correct).
+_NV_SCOPES = (("wave", "block"), ("workgroup", "block"), ("agent", "device"), ("system", ""))
+
+
+def _amd(arch: str, wave: int, fp8: str, mach: int) -> Target:
+    return Target(arch, "amd", wave, fp8, "hsaco", ".s", mach, _AMD_SCOPES, 10)
+
+
+TARGETS: dict[str, Target] = {
+    "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49),
+    "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
+    "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
+    "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1),
+}
+
+PRIMARY = "gfx1250"
+
+
+def supported() -> list[str]:
+    return list(TARGETS)
+
+
+def get_target(arch: "str | Target") -> Target:
+    """The Target for an arch name; a clear error names the arch and the supported list."""
+    if isinstance(arch, Target):
+        return arch
+    if arch not in TARGETS:
+        raise ValueError(f"unsupported target arch {arch!r}; supported: {', '.join(TARGETS)}")
+    return TARGETS[arch]

@@ -1,0 +1,29 @@
+"""Add + RMSNorm (+ per-token FP8): the unfused path's second kernel, and the world == 1 path.
+
+One block per row (grid-stride over rows). SPEC 2.2: s = f32(x) + f32(residual),
+residual_out = T(s), out = T((s * rsqrt(mean(s^2) + eps)) * w).
+"""
+from .. import dsl
+from ..dsl import Ptr, constexpr
+from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, load_row_packs, rmsnorm_epilogue, store_row_packs
+from .registry import register
+
+
+@dsl.kernel(block_size=NORM_BLOCK)
+def add_rmsnorm(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
+                residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
+                eps: dsl.f32, flags: dsl.i32, T: constexpr, H: constexpr, FP8: constexpr):
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        a = load_row_packs(x, row, H, T)
+        r = load_row_packs(residual, row, H, T)
+        s = [[ai + ri for ai, ri in zip(pa, pr)] for pa, pr in zip(a, r)]
+        store_row_packs(residual_out, row, H, T, s)
+        rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, FP8)
+
+
+def variants(target):
+    return [{"T": T, "H": H, "FP8": target.fp8_format}
+            for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
+
+
+register("add_rmsnorm", add_rmsnorm, variants)

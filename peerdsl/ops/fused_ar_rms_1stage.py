@@ -1,0 +1,55 @@
+"""Fused all-reduce + add + RMSNorm (+ FP8 per-token, + T mirror), one stage.
+
+Between a start and an end barrier, block b takes rows b, b + G, ...; each thread reads its
+packs of the row directly from every rank's registered input, sums them in rank order,
+rounds to T (the all-reduce result the unfused path would hold), then runs the same epilogue
+as the add + RMSNorm kernel with the same thread mapping, so the bytes are identical.
+"""
+from .. import dsl
+from ..dsl import PeerPtrs, Ptr, constexpr
+from ._collective import WORLDS
+from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid, rmsnorm_epilogue,
+                    row_geometry, load_row_packs, store_row_packs)
+from .registry import register
+
+
+def reduce_row_packs(inp, row, H, T, W):
+    """This thread's packs of the row, summed over ranks in order and rounded to T (as f32)."""
+    packs, per_thread = row_geometry(H)
+    P = dsl.vec16(T)
+    out = []
+    for k in range(per_thread):
+        vals = [0.0] * PACK
+        if pack_valid(H, k):
+            i = row * packs + pack_index(k)
+            acc = inp[0].cast(P)[i].to_f32()
+            for r in range(1, W):
+                acc = [a + b for a, b in zip(acc, inp[r].cast(P)[i].to_f32())]
+            vals = [a.to(T).to_f32() for a in acc]
+        out.append(vals)
+    return out
+
+
+@dsl.kernel(block_size=NORM_BLOCK)
+def fused_ar_rms_1stage(inp: PeerPtrs["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
+                        residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
+                        sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
+                        flags: dsl.i32, T: constexpr, H: constexpr, W: constexpr,
+                        FP8: constexpr):
+    signal = dsl.Signal(sig, rank, W)
+    signal.start()
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        ar = reduce_row_packs(inp, row, H, T, W)
+        r = load_row_packs(residual, row, H, T)
+        s = [[a + b for a, b in zip(pa, pr)] for pa, pr in zip(ar, r)]
+        store_row_packs(residual_out, row, H, T, s)
+        rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, FP8)
+    signal.end()
+
+
+def variants(target):
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format}
+            for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS]
+
+
+register("fused_ar_rms_1stage", fused_ar_rms_1stage, variants)

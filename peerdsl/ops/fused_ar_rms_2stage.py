@@ -1,0 +1,65 @@
+"""Fused all-reduce + add + RMSNorm, two stages (large rows x hidden, world >= 4).
+
+Stage 1 (reduce-scatter): rank r owns the hidden shard r (H / W columns); block b sums its
+rows' shard in rank order from every rank's registered input, rounds to T and writes the
+result into rank r's staging. A phase barrier. Stage 2 (gather + epilogue): block b reads
+its rows back, each pack from the staging of the rank that owns its shard, and runs the
+same epilogue as add + RMSNorm. Block b handles the same rows in both stages, so the
+per-block barrier covers everything it reads.
+"""
+from .. import dsl
+from ..dsl import PeerPtrs, Ptr, constexpr
+from ._collective import WORLDS, rank_order_sum
+from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, load_row_packs, pack_index, pack_valid,
+                    rmsnorm_epilogue, row_geometry, store_row_packs)
+from .registry import register
+
+
+def gather_row_packs(staging, row, H, T, W):
+    packs, per_thread = row_geometry(H)
+    shard = packs // W
+    P = dsl.vec16(T)
+    out = []
+    for k in range(per_thread):
+        vals = [0.0] * PACK
+        if pack_valid(H, k):
+            p = pack_index(k)
+            owner = p // shard
+            vals = staging[owner].cast(P)[row * shard + (p - owner * shard)].to_f32()
+        out.append(vals)
+    return out
+
+
+@dsl.kernel(block_size=NORM_BLOCK)
+def fused_ar_rms_2stage(inp: PeerPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
+                        weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
+                        q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
+                        rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
+                        T: constexpr, H: constexpr, W: constexpr, FP8: constexpr):
+    packs, _ = row_geometry(H)
+    shard = packs // W
+    P = dsl.vec16(T)
+    signal = dsl.Signal(sig, rank, W)
+    signal.start()
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        for j in range(dsl.thread_id(), shard, NORM_BLOCK):
+            i = row * packs + rank * shard + j
+            acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
+            staging[rank].cast(P)[row * shard + j] = dsl.pack_rne(acc, T)
+    signal.sync()
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        ar = gather_row_packs(staging, row, H, T, W)
+        r = load_row_packs(residual, row, H, T)
+        s = [[a + b for a, b in zip(pa, pr)] for pa, pr in zip(ar, r)]
+        store_row_packs(residual_out, row, H, T, s)
+        rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, FP8)
+    signal.end()
+
+
+def variants(target):
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format}
+            for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
+            if (H // PACK) % W == 0]
+
+
+register("fused_ar_rms_2stage", fused_ar_rms_2stage, variants)

@@ -1,0 +1,21 @@
+"""Per-token FP8 quantization (SPEC 2.4): the standalone kernel; the fused epilogue calls the
+same helper (`quant_row_fp8`)."""
+from .. import dsl
+from ..dsl import Ptr, constexpr
+from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, load_row_packs, quant_row_fp8
+from .registry import register
+
+
+@dsl.kernel(block_size=NORM_BLOCK)
+def per_token_quant_fp8(x: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
+                        T: constexpr, H: constexpr, FP8: constexpr):
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        quant_row_fp8(load_row_packs(x, row, H, T), row, H, q, scale, FP8)
+
+
+def variants(target):
+    return [{"T": T, "H": H, "FP8": target.fp8_format}
+            for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
+
+
+register("per_token_quant_fp8", per_token_quant_fp8, variants)
