@@ -1,0 +1,241 @@
+"""The collective and local methods of a Communicator, the same on every backend.
+
+A backend (sim, cuda, hip) subclasses `Collectives` and provides the primitives listed in
+`Backend primitives` below; everything here is device-independent: input checks, dispatch,
+argument tables and output shapes. Inputs are checked before any kernel runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .. import layout
+from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN
+from . import dispatch
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+ALIGN = 16
+
+
+@dataclasses.dataclass
+class NormResult:
+    """What the norm entry points return; unpacks like a tuple (see `__iter__`)."""
+    out: torch.Tensor | None          # T output (None with FP8 and no mirror)
+    residual_out: torch.Tensor | None
+    q: torch.Tensor | None = None     # FP8 output
+    scale: torch.Tensor | None = None
+    mirror: torch.Tensor | None = None
+
+    def __iter__(self):
+        if self.q is None:
+            return iter((self.out, self.residual_out))
+        items = [self.q, self.residual_out, self.scale]
+        if self.mirror is not None:
+            items.append(self.mirror)
+        return iter(items)
+
+
+def check_tensor(name: str, t: Any, dtype: torch.dtype | None = None,
+                 shape: tuple | None = None, contiguous: bool = True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected {dtype}")
+    if dtype is None and t.dtype not in DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {tuple(shape)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (strides {t.stride()}); pass a contiguous "
+                         "tensor")
+    if t.is_cuda and t.data_ptr() % ALIGN:
+        raise ValueError(f"{name} starts at address {t.data_ptr():#x}, not {ALIGN}-byte aligned")
+
+
+def check_hidden(hidden: int) -> None:
+    if hidden not in SUPPORTED_HIDDEN:
+        raise ValueError(f"hidden size {hidden} is not built; supported: {SUPPORTED_HIDDEN}")
+
+
+class Collectives:
+    """Backend primitives a subclass provides:
+        rank, world, arch, fp8_format, max_grid
+        signal_peers, ll_peers, staging_peers: list[int] (every rank's addresses)
+        ll_lines_per_peer: int
+        _dev(t) -> int            device address of a tensor (copying it in where needed)
+        _new(shape, dtype) -> int a fresh device buffer
+        _get(addr, shape, dtype) -> torch.Tensor  the result as a tensor of the caller
+        _stage(t) -> list[int]    copy t into the registered input pool; every rank's address
+        _launch(name, constexprs, grid, args)     a kernel launch (collective ones on all ranks)
+        _fallback_all_reduce(t) -> torch.Tensor   the library all-reduce (torch.distributed)
+    """
+
+    last_path: str = ""
+
+    # ------------------------------------------------------------------ plain collectives
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, contiguous=False)
+        T = DTYPES[x.dtype]
+        nbytes = x.numel() * x.element_size()
+        path = dispatch.plan_all_reduce(self.arch, self.world, nbytes, x.is_contiguous())
+        self.last_path = path
+        if path == "local":
+            return x.clone()
+        if path == "fallback":
+            return self._fallback_all_reduce(x)
+        packs = nbytes // 16
+        out = self._new(tuple(x.shape), x.dtype)
+        if path == "ll":
+            grid = self._grid(packs)
+            self._launch("allreduce_ll", {"T": T, "W": self.world}, grid, {
+                "x": self._dev(x), "out": out, "sig": self.signal_peers, "ll": self.ll_peers,
+                "rank": self.rank, "n_packs": packs, "lines_per_peer": self.ll_lines_per_peer})
+        elif path == "1stage":
+            self._launch("allreduce_1stage", {"T": T, "W": self.world}, self._grid(packs), {
+                "inp": self._stage(x), "out": out, "sig": self.signal_peers, "rank": self.rank,
+                "n_packs": packs})
+        else:
+            shard = packs // self.world
+            self._launch("allreduce_2stage", {"T": T, "W": self.world}, self._grid(shard), {
+                "inp": self._stage(x), "staging": self.staging_peers, "out": out,
+                "sig": self.signal_peers, "rank": self.rank, "shard_packs": shard})
+        return self._get(out, tuple(x.shape), x.dtype)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        nbytes = x.numel() * x.element_size()
+        if nbytes % 16:
+            raise ValueError(f"all_gather needs a multiple of 16 bytes, got {nbytes}")
+        if nbytes > dispatch.thresholds(self.arch).custom_ar_max_bytes // self.world:
+            raise ValueError(f"all_gather of {nbytes} bytes per rank exceeds the pool "
+                             f"({dispatch.thresholds(self.arch).custom_ar_max_bytes} / world)")
+        x = x.contiguous()
+        shape = (self.world,) + tuple(x.shape)
+        self.last_path = "allgather"
+        if self.world == 1:
+            return x.clone().reshape(shape)
+        packs = nbytes // 16
+        out = self._new(shape, x.dtype)
+        self._launch("allgather", {"W": self.world}, self._grid(packs), {
+            "inp": self._stage(x), "out": out, "sig": self.signal_peers, "rank": self.rank,
+            "n_packs": packs})
+        return self._get(out, shape, x.dtype)
+
+    # ------------------------------------------------------------------ local kernels
+    def _norm_checks(self, x, residual, weight):
+        check_tensor("x", x, contiguous=False)
+        if x.dim() != 2:
+            raise ValueError(f"x must be [rows, hidden], got shape {tuple(x.shape)}")
+        rows, hidden = x.shape
+        check_hidden(hidden)
+        check_tensor("residual", residual, x.dtype, (rows, hidden))
+        check_tensor("weight", weight, x.dtype, (hidden,))
+        return rows, hidden, DTYPES[x.dtype]
+
+    def _flags(self, gemma_norm: bool, fp8_out: bool, mirror: bool) -> int:
+        if mirror and not fp8_out:
+            raise ValueError("bf16_mirror=True needs fp8_out=True (the mirror is the T copy "
+                             "of an FP8 output)")
+        return (FLAG_GEMMA * bool(gemma_norm) | FLAG_FP8 * bool(fp8_out)
+                | FLAG_MIRROR * bool(mirror))
+
+    def _norm_outputs(self, rows, hidden, dtype, flags):
+        out = self._new((rows, hidden), dtype)
+        res_out = self._new((rows, hidden), dtype)
+        q = self._new((rows, hidden), torch.int8) if flags & FLAG_FP8 else 0
+        scale = self._new((rows, 1), torch.float32) if flags & FLAG_FP8 else 0
+        return {"out": out, "residual_out": res_out, "q": q, "scale": scale}
+
+    def _norm_result(self, bufs, rows, hidden, dtype, flags) -> NormResult:
+        shape = (rows, hidden)
+        res = NormResult(None, self._get(bufs["residual_out"], shape, dtype))
+        if flags & FLAG_FP8:
+            res.q = self._get(bufs["q"], shape, torch.int8).view(FP8_DTYPES[self.fp8_format])
+            res.scale = self._get(bufs["scale"], (rows, 1), torch.float32)
+            if flags & FLAG_MIRROR:
+                res.mirror = self._get(bufs["out"], shape, dtype)
+        else:
+            res.out = self._get(bufs["out"], shape, dtype)
+        return res
+
+    def add_rmsnorm(self, x, residual, weight, eps: float = 1e-6, gemma_norm: bool = False,
+                    fp8_out: bool = False, bf16_mirror: bool = False) -> NormResult:
+        rows, hidden, T = self._norm_checks(x, residual, weight)
+        flags = self._flags(gemma_norm, fp8_out, bf16_mirror)
+        bufs = self._norm_outputs(rows, hidden, x.dtype, flags)
+        self._launch_add_rmsnorm(self._dev(x.contiguous()), residual, weight, eps, flags, bufs,
+                                 rows, hidden, T)
+        return self._norm_result(bufs, rows, hidden, x.dtype, flags)
+
+    def _launch_add_rmsnorm(self, x_addr, residual, weight, eps, flags, bufs, rows, hidden, T):
+        self._launch("add_rmsnorm", {"T": T, "H": hidden, "FP8": self.fp8_format},
+                     min(rows, self.max_grid), dict(
+                         x=x_addr, residual=self._dev(residual), weight=self._dev(weight),
+                         rows=rows, eps=float(eps), flags=flags, **bufs), local=True)
+
+    def per_token_quant_fp8(self, x: torch.Tensor):
+        check_tensor("x", x)
+        if x.dim() != 2:
+            raise ValueError(f"x must be [rows, hidden], got shape {tuple(x.shape)}")
+        rows, hidden = x.shape
+        check_hidden(hidden)
+        q = self._new((rows, hidden), torch.int8)
+        scale = self._new((rows, 1), torch.float32)
+        self._launch("per_token_quant_fp8",
+                     {"T": DTYPES[x.dtype], "H": hidden, "FP8": self.fp8_format},
+                     min(rows, self.max_grid),
+                     {"x": self._dev(x), "q": q, "scale": scale, "rows": rows}, local=True)
+        return (self._get(q, (rows, hidden), torch.int8).view(FP8_DTYPES[self.fp8_format]),
+                self._get(scale, (rows, 1), torch.float32))
+
+    # ------------------------------------------------------------------ fused
+    def fused_allreduce_rmsnorm(self, x, residual, weight, eps: float = 1e-6,
+                                gemma_norm: bool = False, fp8_out: bool = False,
+                                bf16_mirror: bool = False) -> NormResult:
+        rows, hidden, T = self._norm_checks(x, residual, weight)
+        flags = self._flags(gemma_norm, fp8_out, bf16_mirror)
+        path = dispatch.plan_fused_ar_rms(self.arch, self.world, rows, hidden, x.dtype,
+                                          fp8_out, x.is_contiguous())
+        self.last_path = path
+        if path == "local":
+            return self.add_rmsnorm(x, residual, weight, eps, gemma_norm, fp8_out, bf16_mirror)
+        if path in ("unfused", "fallback", "ll+rmsnorm"):
+            if path == "ll+rmsnorm":
+                ar = self.all_reduce(x.contiguous())
+            elif path == "fallback":
+                ar = self._fallback_all_reduce(x.contiguous())
+            else:
+                ar = self.all_reduce(x.contiguous())
+            self.last_path = path
+            return self.add_rmsnorm(ar, residual, weight, eps, gemma_norm, fp8_out, bf16_mirror)
+        quant_after = fp8_out and not dispatch.fp8_in_epilogue(self.arch, rows, hidden, x.dtype)
+        kflags = flags & ~(FLAG_FP8 | FLAG_MIRROR) if quant_after else flags
+        bufs = self._norm_outputs(rows, hidden, x.dtype, kflags)
+        args = dict(inp=self._stage(x), residual=self._dev(residual), weight=self._dev(weight),
+                    sig=self.signal_peers, rank=self.rank, rows=rows, eps=float(eps),
+                    flags=kflags, **bufs)
+        constexprs = {"T": T, "H": hidden, "W": self.world, "FP8": self.fp8_format}
+        if path == "fused_2stage":
+            args["staging"] = self.staging_peers
+        self._launch(path.replace("fused_", "fused_ar_rms_"), constexprs,
+                     min(rows, self.max_grid), args)
+        result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)
+        if quant_after:
+            q, scale = self.per_token_quant_fp8(result.out)
+            result = NormResult(None, result.residual_out, q, scale,
+                                result.out if bf16_mirror else None)
+            self.last_path = path
+        return result
+
+    # ------------------------------------------------------------------ helpers
+    def _grid(self, work_items: int) -> int:
+        threads = 256
+        return max(1, min((work_items + threads - 1) // threads, self.max_grid,
+                          layout.MAX_BLOCKS))
+
+    def fused_qk_norm_allreduce(self, *args, **kwargs):
+        dispatch.check_qk_norm(self.arch)

@@ -1,0 +1,167 @@
+"""Which path a collective takes (SPEC section 5). Pure functions: no device, no MLIR.
+
+gfx1250 defaults are the SPEC's table. The other targets use the same thresholds today
+(measured on the lent H200 for sm_90: the LL range and two-stage crossover land at the same
+sizes within noise); each has its own entry so a target can diverge without touching another.
+Every threshold has a `PEERDSL_*` environment override, read at each call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from .. import layout
+
+MiB = 1 << 20
+PATHS = ("local", "unfused", "fallback", "ll+rmsnorm", "fused_1stage", "fused_2stage")
+AR_PATHS = ("local", "fallback", "ll", "1stage", "2stage")
+DTYPE_BYTES = {"bf16": 2, "f16": 2, "bfloat16": 2, "float16": 2, "torch.bfloat16": 2,
+               "torch.float16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    ll_max_bytes: int = 4 * MiB
+    custom_ar_max_bytes: int = 64 * MiB
+    staging_bytes: int = 16 * MiB
+    two_stage_min_world: int = 4
+    two_stage_min_hidden: int = 6144
+    ar_quant_max_bytes: int = 64 * MiB
+    fused_quant_forms: tuple[str, ...] = ("per_token",)  # others take the unfused path
+    qk_norm_fused: bool = False
+
+
+TABLES = {
+    "gfx1250": Thresholds(),
+    "gfx950": Thresholds(),
+    "gfx942": Thresholds(),
+    "sm_90": Thresholds(),
+}
+
+_ENV = {
+    "ll_max_bytes": "PEERDSL_LL_MAX_BYTES",
+    "custom_ar_max_bytes": "PEERDSL_CUSTOM_AR_MAX_BYTES",
+    "staging_bytes": "PEERDSL_STAGING_BYTES",
+    "two_stage_min_world": "PEERDSL_TWO_STAGE_MIN_WORLD",
+    "two_stage_min_hidden": "PEERDSL_TWO_STAGE_MIN_HIDDEN",
+    "ar_quant_max_bytes": "PEERDSL_AR_QUANT_MAX_BYTES",
+}
+
+
+def thresholds(arch: str) -> Thresholds:
+    """The arch's table with the PEERDSL_* overrides applied."""
+    if arch not in TABLES:
+        raise ValueError(f"no dispatch table for arch {arch!r}; known: {sorted(TABLES)}")
+    values = {}
+    for field, env in _ENV.items():
+        raw = os.environ.get(env)
+        if raw is None:
+            continue
+        try:
+            values[field] = int(raw)
+        except ValueError:
+            raise ValueError(f"{env}={raw!r} is not an integer") from None
+        if values[field] < 0:
+            raise ValueError(f"{env}={raw!r} must be >= 0")
+    return dataclasses.replace(TABLES[arch], **values)
+
+
+def _dtype_bytes(dtype) -> int:
+    key = str(dtype)
+    if key not in DTYPE_BYTES:
+        raise TypeError(f"dtype {dtype!r} is not supported; use bfloat16 or float16")
+    return DTYPE_BYTES[key]
+
+
+def _check_world(world: int) -> None:
+    if not isinstance(world, int) or not 1 <= world <= layout.MAX_RANKS:
+        raise ValueError(f"world size {world!r} is not supported; it must be in "
+                         f"[1, {layout.MAX_RANKS}]")
+
+
+def two_stage_fits(t: Thresholds, world: int, hidden: int, nbytes: int) -> bool:
+    return (world >= t.two_stage_min_world and hidden >= t.two_stage_min_hidden
+            and nbytes // world <= t.staging_bytes and (hidden // 8) % world == 0)
+
+
+def plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype,
+                      fp8_out: bool = False, contiguous: bool = True,
+                      quant: str = "per_token") -> str:
+    """The path of fused all-reduce + add + RMSNorm, per SPEC section 5 (first match)."""
+    _check_world(world)
+    t = thresholds(arch)
+    nbytes = rows * hidden * _dtype_bytes(dtype)
+    forced = os.environ.get("PEERDSL_FUSED_PATH")
+    if world == 1:
+        plan = "local"
+    elif not contiguous or nbytes % 16 != 0 or hidden % 8 != 0:
+        plan = "unfused"
+    elif fp8_out and quant not in t.fused_quant_forms:
+        plan = "unfused"
+    elif nbytes > t.custom_ar_max_bytes:
+        plan = "fallback"
+    elif nbytes <= t.ll_max_bytes:
+        plan = "ll+rmsnorm"
+    elif two_stage_fits(t, world, hidden, nbytes):
+        plan = "fused_2stage"
+    else:
+        plan = "fused_1stage"
+    if forced:
+        return _check_forced(forced, plan, t, world, hidden, nbytes, contiguous)
+    return plan
+
+
+def _check_forced(forced: str, plan: str, t: Thresholds, world: int, hidden: int,
+                  nbytes: int, contiguous: bool) -> str:
+    if forced not in PATHS:
+        raise ValueError(f"PEERDSL_FUSED_PATH={forced!r} is not one of {PATHS}")
+    why = None
+    if plan == "local" and forced != "local":
+        why = "world size is 1"
+    elif forced == "local" and plan != "local":
+        why = f"world size is {world}, not 1"
+    elif forced in ("ll+rmsnorm", "fused_1stage", "fused_2stage"):
+        if not contiguous or nbytes % 16 or hidden % 8:
+            why = "the input is not contiguous 16-byte rows"
+        elif nbytes > t.custom_ar_max_bytes:
+            why = f"{nbytes} bytes exceed the custom all-reduce cap {t.custom_ar_max_bytes}"
+        elif forced == "ll+rmsnorm" and nbytes > t.ll_max_bytes:
+            why = f"{nbytes} bytes exceed the LL cap {t.ll_max_bytes}"
+        elif forced == "fused_2stage" and not (nbytes // world <= t.staging_bytes
+                                               and (hidden // 8) % world == 0):
+            why = (f"two-stage needs bytes/world <= {t.staging_bytes} and hidden/8 divisible by "
+                   f"world ({nbytes} bytes, hidden {hidden}, world {world})")
+    if why:
+        raise ValueError(f"PEERDSL_FUSED_PATH={forced!r} cannot run here: {why}")
+    return forced
+
+
+def fp8_in_epilogue(arch: str, rows: int, hidden: int, dtype) -> bool:
+    """FP8 fused into the epilogue up to PEERDSL_AR_QUANT_MAX_BYTES, else a quant kernel after."""
+    return rows * hidden * _dtype_bytes(dtype) <= thresholds(arch).ar_quant_max_bytes
+
+
+def plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool = True) -> str:
+    """The path of a plain all-reduce of nbytes: local, fallback, ll, 1stage or 2stage."""
+    _check_world(world)
+    t = thresholds(arch)
+    if world == 1:
+        return "local"
+    if not contiguous or nbytes % 16 or nbytes > t.custom_ar_max_bytes:
+        return "fallback"
+    if nbytes <= t.ll_max_bytes:
+        return "ll"
+    packs = nbytes // 16
+    if (world >= t.two_stage_min_world and packs % world == 0
+            and nbytes // world <= t.staging_bytes):
+        return "2stage"
+    return "1stage"
+
+
+def check_qk_norm(arch: str) -> None:
+    """Fused qk-norm all-reduce entry points are not supported on gfx1250 (SPEC section 5)."""
+    if not thresholds(arch).qk_norm_fused:
+        raise NotImplementedError(
+            f"fused qk-norm all-reduce is not available on {arch}: the fused kernels synchronize "
+            "only through the gfx1250 Signal protocol and no qk-norm kernel is written against "
+            "it yet; call all_reduce() followed by the norm instead")

@@ -1,0 +1,115 @@
+"""SPEC section 5: the dispatch table, its env overrides, and forced paths."""
+import pytest
+import torch
+
+from peerdsl.runtime import dispatch
+from peerdsl.runtime.dispatch import MiB, plan_all_reduce, plan_fused_ar_rms
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in list(dispatch._ENV.values()) + ["PEERDSL_FUSED_PATH"]:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("world,rows,hidden,expected", [
+    (1, 1024, 6144, "local"),
+    (4, 1, 6144, "ll+rmsnorm"),
+    (4, 341, 6144, "ll+rmsnorm"),             # 4,190,208 bytes <= 4 MiB
+    (4, 342, 6144, "fused_2stage"),           # just over 4 MiB
+    (4, 5400, 6144, "fused_2stage"),          # 66.4 MB: bytes / world just under 16 MiB
+    (4, 1024, 6144, "fused_2stage"),
+    (4, 5500, 6144, "fallback"),              # 67.6 MB > 64 MiB
+    (2, 1024, 6144, "fused_1stage"),          # world < 4
+    (4, 1024, 4096, "fused_1stage"),          # H < 6144
+    (8, 2730, 6144, "fused_2stage"),
+])
+def test_table(world, rows, hidden, expected):
+    assert plan_fused_ar_rms("gfx1250", world, rows, hidden, BF16) == expected
+
+
+def test_not_contiguous_goes_unfused():
+    assert plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16, contiguous=False) == "unfused"
+
+
+def test_odd_bytes_goes_unfused():
+    assert plan_fused_ar_rms("gfx1250", 4, 1, 2884, BF16) == "unfused"  # 5768 % 16 != 0
+
+
+def test_staging_limit_sends_two_stage_to_one_stage(monkeypatch):
+    monkeypatch.setenv("PEERDSL_STAGING_BYTES", str(1 * MiB))
+    assert plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16) == "fused_1stage"
+
+
+def test_overrides(monkeypatch):
+    monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(64 * MiB))
+    assert plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16) == "ll+rmsnorm"
+    monkeypatch.setenv("PEERDSL_CUSTOM_AR_MAX_BYTES", str(1 * MiB))
+    assert plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16) == "fallback"
+    monkeypatch.delenv("PEERDSL_CUSTOM_AR_MAX_BYTES")
+    monkeypatch.delenv("PEERDSL_LL_MAX_BYTES")
+    monkeypatch.setenv("PEERDSL_TWO_STAGE_MIN_WORLD", "8")
+    assert plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16) == "fused_1stage"
+    monkeypatch.setenv("PEERDSL_TWO_STAGE_MIN_WORLD", "2")
+    monkeypatch.setenv("PEERDSL_TWO_STAGE_MIN_HIDDEN", "4096")
+    assert plan_fused_ar_rms("gfx1250", 2, 1024, 4096, BF16) == "fused_2stage"
+
+
+def test_bad_override_names_the_variable(monkeypatch):
+    monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", "four")
+    with pytest.raises(ValueError, match="PEERDSL_LL_MAX_BYTES"):
+        plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16)
+
+
+def test_forced_paths(monkeypatch):
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "fused_1stage")
+    assert plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16) == "fused_1stage"
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "unfused")
+    assert plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16) == "unfused"
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "ll+rmsnorm")
+    with pytest.raises(ValueError, match="LL cap"):
+        plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16)
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "fused_2stage")
+    with pytest.raises(ValueError, match="two-stage"):
+        plan_fused_ar_rms("gfx1250", 4, 16, 2880 + 8, BF16)
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "warp_speed")
+    with pytest.raises(ValueError, match="warp_speed"):
+        plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16)
+
+
+def test_fp8_other_quant_forms_unfused():
+    assert plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16, fp8_out=True,
+                             quant="per_group") == "unfused"
+    assert plan_fused_ar_rms("gfx1250", 4, 1024, 6144, BF16, fp8_out=True,
+                             quant="mxfp4") == "unfused"
+
+
+def test_fp8_epilogue_cap(monkeypatch):
+    assert dispatch.fp8_in_epilogue("gfx1250", 1024, 6144, BF16)
+    monkeypatch.setenv("PEERDSL_AR_QUANT_MAX_BYTES", str(1 * MiB))
+    assert not dispatch.fp8_in_epilogue("gfx1250", 1024, 6144, BF16)
+
+
+def test_qk_norm_raises_on_gfx1250():
+    with pytest.raises(NotImplementedError, match="gfx1250"):
+        dispatch.check_qk_norm("gfx1250")
+
+
+def test_bad_world_and_arch_and_dtype():
+    with pytest.raises(ValueError, match="world size 9"):
+        plan_fused_ar_rms("gfx1250", 9, 16, 6144, BF16)
+    with pytest.raises(ValueError, match="gfx9000"):
+        plan_fused_ar_rms("gfx9000", 4, 16, 6144, BF16)
+    with pytest.raises(TypeError, match="float32"):
+        plan_fused_ar_rms("gfx1250", 4, 16, 6144, torch.float32)
+
+
+def test_plain_all_reduce():
+    assert plan_all_reduce("gfx1250", 1, 1024) == "local"
+    assert plan_all_reduce("gfx1250", 4, 1024) == "ll"
+    assert plan_all_reduce("gfx1250", 4, 12 * MiB) == "2stage"
+    assert plan_all_reduce("gfx1250", 2, 12 * MiB) == "1stage"
+    assert plan_all_reduce("gfx1250", 4, 65 * MiB) == "fallback"
+    assert plan_all_reduce("gfx1250", 4, 1000) == "fallback"
