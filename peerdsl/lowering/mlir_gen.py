@@ -11,59 +11,31 @@ choice was made to keep the targets and the simulator bit-identical.
 from __future__ import annotations
 
 import re
-import struct
 from typing import Any, Callable
 
 from ..dsl import ir
+from ._gen_ops import LoweringError, OpsMixin, float_literal as _float_literal, mlir_type
 from .targets import Target, get_target
-
-
-class LoweringError(Exception):
-    """The kernel IR cannot be lowered; the message names the DSL source line."""
-
 
 _INT_BIN = {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "div": "arith.divsi",
             "rem": "arith.remsi", "min": "arith.minsi", "max": "arith.maxsi", "and": "arith.andi",
             "or": "arith.ori", "xor": "arith.xori", "shl": "arith.shli", "shr": "arith.shrui"}
-# maxnumf/minnumf: IEEE maxNum/minNum, a NaN operand loses (arith.maximumf would propagate it)
+# min/max: IEEE maxNum/minNum, a NaN operand loses. The LLVM intrinsics directly, because
+# convert-gpu-to-nvvm turns arith.maxnumf/remf into libdevice calls (__nv_fmaxf) we never link.
 _FLT_BIN = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": "arith.divf",
-            "rem": "arith.remf", "min": "arith.minnumf", "max": "arith.maxnumf"}
+            "rem": "llvm.frem", "min": "llvm.intr.minnum", "max": "llvm.intr.maxnum"}
 _ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
 # ordered compares, except ne which is unordered so NaN != NaN is true (as in Python / IEEE)
 _FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
-_ORDER = {"relaxed": "monotonic", "acquire": "acquire", "release": "release",
-          "acq_rel": "acq_rel"}
-_SPECIAL = {"thread_id": "gpu.thread_id", "block_id": "gpu.block_id", "grid_dim": "gpu.grid_dim"}
-
-
-def mlir_type(t: Any) -> str:
-    if isinstance(t, ir.PtrType):
-        return "!llvm.ptr<3>" if t.space == "shared" else "!llvm.ptr<1>"
-    if isinstance(t, ir.VectorType):
-        return f"vector<{t.count}x{t.elem.name}>"
-    if isinstance(t, ir.ScalarType):
-        return t.name
-    raise LoweringError(f"no MLIR type for {t!r}")
-
-
-def _float_literal(value: float, t: ir.ScalarType) -> str:
-    """Exact hex bit pattern, so no decimal round trip can change a constant."""
-    if t is ir.f32:
-        return "0x%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
-    if t is ir.f16:
-        return "0x%04X" % struct.unpack("<H", struct.pack("<e", value))[0]
-    bits = struct.unpack("<I", struct.pack("<f", value))[0]  # bf16: f32 rounded to nearest even
-    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
-        return "0x7FC0"
-    bits += 0x7FFF + ((bits >> 16) & 1)
-    return "0x%04X" % ((bits >> 16) & 0xFFFF)
 
 
 def _sym(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-class _Gen:
+class _Gen(OpsMixin):
+    """Arithmetic lives here; casts, memory, control flow in `_gen_ops.OpsMixin`."""
+
     def __init__(self, kernel: ir.Kernel, target: Target, symbol: str):
         self.k, self.t, self.symbol = kernel, target, symbol
         self.names: dict[int, str] = {}
@@ -201,7 +173,11 @@ class _Gen:
         table = _FLT_BIN if t.is_float else _INT_BIN
         self.check(op.name in table, f"{op.name} is not defined on {t}")
         a, b = map(self.use, op.operands)
-        self.emit(f"{self.bind(op.result)} = {table[op.name]} {a}, {b} : {mlir_type(t)}")
+        name, ty = table[op.name], mlir_type(t)
+        if name.startswith("llvm.intr."):
+            self.emit(f"{self.bind(op.result)} = {name}({a}, {b}) : ({ty}, {ty}) -> {ty}")
+        else:
+            self.emit(f"{self.bind(op.result)} = {name} {a}, {b} : {ty}")
 
     def op_const(self, op: ir.Op) -> None:
         t, v = op.result.type, op.attrs["value"]
@@ -213,7 +189,8 @@ class _Gen:
         else:
             v = int(v) & ((1 << t.bits) - 1)  # two's complement bits, printed signed
             lit = str(v - (1 << t.bits) if v >> (t.bits - 1) else v)
-        self.emit(f"{self.bind(op.result)} = arith.constant {lit} : {t.name}")
+        ty = "" if t is ir.i1 else f" : {t.name}"  # a bool literal carries its type
+        self.emit(f"{self.bind(op.result)} = arith.constant {lit}{ty}")
 
     def op_fma(self, op: ir.Op) -> None:
         t = self.same_types(op, 3)
@@ -267,7 +244,7 @@ class _Gen:
     def op_not(self, op: ir.Op) -> None:
         t = self.same_types(op, 1)
         self.check(t.is_int, f"not of {t}")
-        ones = self.val(f"arith.constant {'true' if t is ir.i1 else -1} : {t}")
+        ones = self.val("arith.constant true" if t is ir.i1 else f"arith.constant -1 : {t}")
         self.emit(f"{self.bind(op.result)} = arith.xori {self.use(op.operands[0])}, {ones} : {t}")
 
     def op_cmp(self, op: ir.Op) -> None:
@@ -292,12 +269,6 @@ class _Gen:
             self.emit(f"{self.bind(op.result)} = arith.select {self.use(c)}, {self.use(a)}, "
                       f"{self.use(b)} : {t}")
 
-    # ------------------------------------------------------------------ the rest
-    from ._gen_ops import (op_cast, op_fp8_to_f32, op_vec_extract, op_vec_build,  # noqa: E402
-                           op_special, op_shfl_xor, op_ptr_offset, op_ptr_cast, op_ptr_select,
-                           op_load, op_store, op_atomic, op_cas, op_fence, op_barrier,
-                           op_smem, op_globaltimer, op_if, op_for, op_while, op_yield,
-                           op_condition, fp8_encode)
 
 
 def generate(kernel: ir.Kernel, target: "str | Target", symbol: str | None = None
