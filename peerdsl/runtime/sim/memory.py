@@ -31,7 +31,7 @@ _ALIGN = 256
 
 
 class Allocation:
-    __slots__ = ("key", "device", "name", "nbytes", "buf", "rows", "_views")
+    __slots__ = ("key", "device", "name", "nbytes", "buf", "_views")
 
     def __init__(self, key: int, device: int, name: str, nbytes: int):
         self.key = key
@@ -137,7 +137,7 @@ class GlobalMemory:
     # ------------------------------------------------------------------ raw access
     @staticmethod
     def _read(a: Allocation, offs: np.ndarray, dt: np.dtype, count: int) -> np.ndarray:
-        size = dt.itemsize * count
+        size = dt.itemsize * max(count, 1)
         if count == 0:
             if (offs % size == 0).all():
                 return a.view(dt)[offs // size]
