@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import threading
 from typing import Any, Callable
 
 from . import ir
@@ -11,6 +12,7 @@ from .transform import traceable
 from .values import Pointer, Scalar, Traced, as_scalar, wrap
 
 MAX_PEERS = 8
+_TRACE_LOCK = threading.RLock()  # the trace state is global: one trace at a time (sim ranks are threads)
 
 
 class constexpr:
@@ -75,7 +77,7 @@ class Kernel:
         self.fn = fn
         self.name = fn.__name__
         self.block_size = block_size
-        self.signature = inspect.signature(fn)
+        self.signature = inspect.signature(fn, eval_str=True)  # resolves `from __future__ import annotations`
         self.constexpr_names = [n for n, p in self.signature.parameters.items()
                                 if p.annotation is constexpr or p.annotation == "constexpr"]
         self._cache: dict[tuple, ir.Kernel] = {}
@@ -101,9 +103,10 @@ class Kernel:
             if n not in constexprs:
                 constexprs[n] = self.signature.parameters[n].default
         key = tuple(sorted((k, repr(v)) for k, v in constexprs.items()))
-        if key not in self._cache:
-            self._cache[key] = self._trace(constexprs)
-        return self._cache[key]
+        with _TRACE_LOCK:
+            if key not in self._cache:
+                self._cache[key] = self._trace(constexprs)
+            return self._cache[key]
 
     def _resolve_block_size(self, constexprs: dict[str, Any]) -> int:
         bs = self.block_size

@@ -1,0 +1,60 @@
+"""Run a multi-rank peerdsl program on the CPU simulator.
+
+    import peerdsl.sim
+    def fn(comm):                      # comm: peerdsl.runtime.sim.comm.SimCommunicator
+        x = comm.to_device(torch.randn(64, 6144, dtype=torch.bfloat16))
+        ptrs = comm.register(x)        # every rank's address of its x
+        comm.launch(my_kernel, {"world": comm.world}, grid=4,
+                    args={"sig": comm.peer_signals, "rank": comm.rank, "inp": ptrs, ...})
+        return comm.to_torch(x)
+    results = peerdsl.sim.run(4, fn, seed=7)   # list of fn's return values, by rank
+
+`seed=None` schedules round-robin (deterministic, mildly weak); an int seeds the random
+policy (adversarial interleavings and store delays; collective launch i uses a seed derived
+from (seed, i)). `skew`: int (rank r starts r*skew steps late), a list per rank, or a
+callable(launch_index) -> list. See comm.py for the communicator API and the other options
+(`spin_limit`, `policy`, `ll_max_bytes`, `staging_bytes`, `deadlock_steps`, `max_steps`).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from .runtime.errors import SimAborted
+from .runtime.sim.comm import SimCommunicator, SimJob
+
+__all__ = ["run", "SimCommunicator", "SimJob"]
+
+
+def run(tp: int, fn: Callable[[SimCommunicator], Any], seed: int | None = None,
+        skew: Any = None, target: str = "gfx1250", **options: Any) -> list:
+    """Run fn(comm) on `tp` simulated ranks; return the results by rank, or raise the
+    first error (by rank; errors of ranks aborted because another failed come last)."""
+    job = SimJob(tp, target, seed=seed, skew=skew, **options)
+    results: list[Any] = [None] * tp
+    errors: list[BaseException | None] = [None] * tp
+
+    def body(r: int) -> None:
+        try:
+            results[r] = fn(job.comms[r])
+            job.exit(r)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller below
+            errors[r] = e
+            job.fail(e)
+
+    if tp == 1:
+        body(0)
+    else:
+        threads = [threading.Thread(target=body, args=(r,), name=f"sim-rank{r}", daemon=True)
+                   for r in range(tp)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    real = [e for e in errors if e is not None and not isinstance(e, SimAborted)]
+    if real:
+        raise real[0]
+    aborted = [e for e in errors if e is not None]
+    if aborted:
+        raise aborted[0]
+    return results

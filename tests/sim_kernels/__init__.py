@@ -1,0 +1,147 @@
+"""Deliberately broken kernels beside their correct twins, written with peerdsl.dsl only.
+
+Each protocol bug the simulator must catch (tests/test_sim_protocols.py):
+  (a) `ar_staged(start_barrier=False)`: reads peers' staged inputs without the start barrier.
+  (b) `flag_publish(release=False)`: data and flag both relaxed; the flag may land first.
+  (c) `ar_staged(own_counter=True)`: shares the Signal's barrier slots but keeps its own
+      epoch counters elsewhere (the seed bug): its epochs are below what the slots hold, so
+      `>=` passes at once and it reads peers' staging before they staged it.
+  (d) `ll_allreduce(shared_epoch=False)`: LL lines accepted by a per-block epoch; when the
+      grid size changes between launches a block's epoch repeats one a peer's line already
+      carries in that bank, and a stale line is accepted.
+"""
+from __future__ import annotations
+
+import peerdsl.dsl as dsl
+from peerdsl import layout
+
+
+class OwnCounterSignal(dsl.Signal):
+    """BROKEN on purpose: the Signal's barrier slots, but epochs kept in `ctr[block]`."""
+
+    def __init__(self, sig, rank, world, ctr):
+        super().__init__(sig, rank, world)
+        self._epoch_ptr = ctr + self.block
+        self._base = dsl.load(self._epoch_ptr)
+
+
+@dsl.kernel(block_size=64)
+def ar_staged(sig: dsl.PeerPtrs[dsl.i32], stage: dsl.PeerPtrs['T'], inp: dsl.Ptr['T'],
+              out: dsl.Ptr['T'], ctr: dsl.Ptr[dsl.i32], rank: dsl.i32, npacks: dsl.i32,
+              T: dsl.constexpr, world: dsl.constexpr, start_barrier: dsl.constexpr = True,
+              own_counter: dsl.constexpr = False):
+    """One-stage all-reduce through a staging buffer: stage own input, start barrier, sum the
+    peers' staged packs in rank order, end barrier (staging may be overwritten after it)."""
+    if own_counter:
+        s = OwnCounterSignal(sig, rank, world, ctr)
+    else:
+        s = dsl.Signal(sig, rank, world)
+    P = dsl.vec16(T)
+    first = dsl.block_id() * dsl.block_size() + dsl.thread_id()
+    step = dsl.num_blocks() * dsl.block_size()
+    for i in range(first, npacks, step):
+        stage[rank].cast(P)[i] = inp.cast(P)[i]
+    if start_barrier:
+        s.start()
+    for i in range(first, npacks, step):
+        acc = stage[0].cast(P)[i].to_f32()
+        for r in range(1, world):
+            v = stage[r].cast(P)[i].to_f32()
+            acc = [a + b for a, b in zip(acc, v)]
+        out.cast(P)[i] = dsl.pack_rne(acc, T)
+    s.end()
+
+
+@dsl.kernel(block_size=64)
+def flag_publish(data: dsl.PeerPtrs[dsl.i32], flag: dsl.PeerPtrs[dsl.i32],
+                 sig: dsl.PeerPtrs[dsl.i32], out: dsl.Ptr[dsl.i32], rank: dsl.i32,
+                 n: dsl.i32, epoch: dsl.i32, release: dsl.constexpr = True):
+    """Rank 0 writes n words into rank 1's `data`, then raises rank 1's flag to `epoch`;
+    rank 1 waits for the flag (acquire) and copies data to `out`. One block."""
+    t = dsl.thread_id()
+    if rank == 0:
+        for i in range(t, n, dsl.block_size()):
+            dsl.store(data[1] + i, epoch * 1000 + i, "system", "relaxed")
+        dsl.barrier()
+        if t == 0:
+            if release:
+                dsl.store(flag[1], epoch, "system", "release")
+            else:
+                dsl.store(flag[1], epoch, "system", "relaxed")
+    if rank == 1:
+        if t == 0:
+            dsl.spin_until_ge(flag[1], epoch, sig[1], rank, layout.WAIT_FLAG)
+        dsl.barrier()
+        for i in range(t, n, dsl.block_size()):
+            out[i] = dsl.load(data[1] + i)
+
+
+@dsl.kernel(block_size=32)
+def ll_allreduce(sig: dsl.PeerPtrs[dsl.i32], ll: dsl.PeerPtrs[dsl.i32], inp: dsl.Ptr[dsl.i32],
+                 out: dsl.Ptr[dsl.i32], rank: dsl.i32,
+                 nlines: dsl.i32, world: dsl.constexpr, shared_epoch: dsl.constexpr = True):
+    """LL all-reduce of 2*nlines i32 words. Line i of source rank r on rank p lives at
+    ll[p] + ((bank * world + r) * nlines + i) * 4 words, as {d0, flag, d1, flag} written with
+    one 16-byte system-scope store; a reader accepts it once both flags equal its epoch.
+    `ll` points at the LL scratch of each rank."""
+    me = sig[rank]
+    if shared_epoch:
+        epoch = dsl.load(me + layout.SIG_LL_EPOCH, "system", "relaxed") + 1
+    else:
+        block_epoch = me + (layout.SIG_EPOCH + dsl.block_id())
+        epoch = dsl.load(block_epoch) + 1  # per-block: BROKEN when the grid size changes
+    bank = epoch & 1
+    first = dsl.block_id() * dsl.block_size() + dsl.thread_id()
+    step = dsl.num_blocks() * dsl.block_size()
+    V = dsl.i32x4
+    for i in range(first, nlines, step):
+        line = dsl.pack([inp[2 * i], epoch, inp[2 * i + 1], epoch], dsl.i32)
+        for p in range(world):
+            dst = ll[p] + ((bank * world + rank) * nlines + i) * 4
+            dsl.store(dst.cast(V), line, "system", "relaxed")
+    for i in range(first, nlines, step):
+        s0 = 0
+        s1 = 0
+        for r in range(world):
+            src = (ll[rank] + ((bank * world + r) * nlines + i) * 4).cast(V)
+            v = dsl.load(src, "system", "relaxed")
+            n = 0
+            limit = dsl.load(me + layout.SIG_SPIN_LIMIT)
+            while ((v[1] != epoch) or (v[3] != epoch)) and (n < limit):
+                v = dsl.load(src, "system", "relaxed")
+                n = n + 1
+            if (v[1] != epoch) or (v[3] != epoch):
+                dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1])
+            s0 = s0 + v[0]
+            s1 = s1 + v[2]
+        out[2 * i] = s0
+        out[2 * i + 1] = s1
+    dsl.barrier()
+    if dsl.thread_id() == 0:
+        if shared_epoch:
+            # the last block to finish advances the one LL epoch for every cell at once
+            done = me + layout.SIG_LL_DONE
+            if dsl.atomic_add(done, 1, "agent", "acq_rel") == dsl.num_blocks() - 1:
+                dsl.store(done, 0, "agent", "relaxed")
+                dsl.store(me + layout.SIG_LL_EPOCH, epoch, "system", "release")
+        else:
+            dsl.store(block_epoch, epoch)
+
+
+@dsl.kernel(block_size=256)
+def ar_direct(sig: dsl.PeerPtrs[dsl.i32], inp: dsl.PeerPtrs['T'], out: dsl.Ptr['T'],
+              rank: dsl.i32, npacks: dsl.i32, T: dsl.constexpr, world: dsl.constexpr):
+    """One-stage all-reduce of registered inputs read in place (the benchmark kernel):
+    start barrier, 16-byte packs of every peer summed in f32 in rank order, end barrier."""
+    s = dsl.Signal(sig, rank, world)
+    s.start()
+    P = dsl.vec16(T)
+    first = dsl.block_id() * dsl.block_size() + dsl.thread_id()
+    step = dsl.num_blocks() * dsl.block_size()
+    for i in range(first, npacks, step):
+        acc = inp[0].cast(P)[i].to_f32()
+        for r in range(1, world):
+            v = inp[r].cast(P)[i].to_f32()
+            acc = [a + b for a, b in zip(acc, v)]
+        out.cast(P)[i] = dsl.pack_rne(acc, T)
+    s.end()
