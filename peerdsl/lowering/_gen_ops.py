@@ -93,8 +93,8 @@ class OpsMixin:
         fmax, bias = _FP8[fmt]
         b, c = self._bin, self.const
         hi, lo = self._fconst(fmax), self._fconst(-fmax)
-        x = self.val(f"llvm.intr.minnum({x}, {hi}) : (f32, f32) -> f32")
-        x = self.val(f"llvm.intr.maxnum({x}, {lo}) : (f32, f32) -> f32")
+        x = self.val(self.intr("minnum", [x, hi], "f32"))
+        x = self.val(self.intr("maxnum", [x, lo], "f32"))
         bits = self.val(f"arith.bitcast {x} : f32 to i32")
         sign = b("andi", b("shrui", bits, c(31)), c(1))
         mag = b("andi", bits, c(0x7FFFFFFF))

@@ -93,6 +93,14 @@ class _Gen(OpsMixin):
         s = self.t.syncscope(scope)
         return f'syncscope("{s}") ' if s else ""
 
+    @staticmethod
+    def intr(name: str, args: list[str], ty: str) -> str:
+        """A float LLVM intrinsic as an opaque call: convert-gpu-to-nvvm would otherwise turn
+        llvm.intr.sqrt/fabs/maxnum into libdevice calls (we link no libdevice, and
+        llvm.sqrt.f32 / fdiv already lower to the correctly rounded sqrt.rn / div.rn)."""
+        sig = ", ".join([ty] * len(args))
+        return f'llvm.call_intrinsic "llvm.{name}.{ty}"({", ".join(args)}) : ({sig}) -> {ty}'
+
     def check(self, cond: bool, msg: str) -> None:
         if not cond:
             raise self.err(msg)
@@ -175,7 +183,7 @@ class _Gen(OpsMixin):
         a, b = map(self.use, op.operands)
         name, ty = table[op.name], mlir_type(t)
         if name.startswith("llvm.intr."):
-            self.emit(f"{self.bind(op.result)} = {name}({a}, {b}) : ({ty}, {ty}) -> {ty}")
+            self.emit(f"{self.bind(op.result)} = {self.intr(name[10:], [a, b], ty)}")
         else:
             self.emit(f"{self.bind(op.result)} = {name} {a}, {b} : {ty}")
 
@@ -196,8 +204,7 @@ class _Gen(OpsMixin):
         t = self.same_types(op, 3)
         self.check(t.is_float if isinstance(t, ir.ScalarType) else False, f"fma of {t}")
         a, b, c = map(self.use, op.operands)
-        self.emit(f"{self.bind(op.result)} = llvm.intr.fma({a}, {b}, {c}) : "
-                  f"({t}, {t}, {t}) -> {t}")
+        self.emit(f"{self.bind(op.result)} = {self.intr('fma', [a, b, c], t.name)}")
 
     def unary_float(self, op: ir.Op) -> tuple[str, str]:
         t = self.same_types(op, 1)
@@ -208,11 +215,11 @@ class _Gen(OpsMixin):
         # llvm.sqrt is correctly rounded on both backends (no afn / !fpmath); math.sqrt would
         # become an ocml/libdevice call.
         x, t = self.unary_float(op)
-        self.emit(f"{self.bind(op.result)} = llvm.intr.sqrt({x}) : ({t}) -> {t}")
+        self.emit(f"{self.bind(op.result)} = {self.intr('sqrt', [x], t)}")
 
     def op_rsqrt(self, op: ir.Op) -> None:
         x, t = self.unary_float(op)  # 1 / sqrt(x): two correctly rounded steps, as the sim
-        s = self.val(f"llvm.intr.sqrt({x}) : ({t}) -> {t}")
+        s = self.val(self.intr("sqrt", [x], t))
         one = self.val(f"arith.constant {_float_literal(1.0, op.result.type)} : {t}")
         self.emit(f"{self.bind(op.result)} = arith.divf {one}, {s} : {t}")
 
@@ -234,7 +241,7 @@ class _Gen(OpsMixin):
         t = self.same_types(op, 1)
         x = self.use(op.operands[0])
         if t.is_float:
-            self.emit(f"{self.bind(op.result)} = llvm.intr.fabs({x}) : ({t}) -> {t}")
+            self.emit(f"{self.bind(op.result)} = {self.intr('fabs', [x], t.name)}")
             return
         zero = self.val(f"arith.constant 0 : {t}")
         neg = self.val(f"arith.subi {zero}, {x} : {t}")

@@ -9,6 +9,7 @@ import importlib.metadata
 import os
 import stat
 import sys
+import threading
 
 import peerdsl
 
@@ -54,7 +55,7 @@ def amd_toolkit() -> str:
     except OSError:
         pass
     os.makedirs(os.path.dirname(lld), exist_ok=True)
-    tmp = f"{lld}.{os.getpid()}"
+    tmp = f"{lld}.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w") as f:
         f.write(script)
     os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
