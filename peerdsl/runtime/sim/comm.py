@@ -70,13 +70,16 @@ class SimJob:
                  skew: Any = None, policy: str | None = None, spin_limit: int = 10_000,
                  ll_max_bytes: int = layout.LL_MAX_BYTES,
                  staging_bytes: int = layout.STAGING_BYTES,
-                 deadlock_steps: int = 500_000, max_steps: int = 50_000_000):
+                 deadlock_steps: int = 500_000, max_steps: int = 50_000_000,
+                 store_delay: int | None = None):
         if not 1 <= world <= layout.MAX_RANKS:
             raise ValueError(f"world {world} not in [1, {layout.MAX_RANKS}]")
         self.world = world
         self.system = SimSystem(world, target)
         self.seed, self.skew, self.policy = seed, skew, policy
         self.deadlock_steps, self.max_steps = deadlock_steps, max_steps
+        self.sched_options = dict(deadlock_steps=deadlock_steps, max_steps=max_steps,
+                                  store_delay=store_delay)
         self.launches = 0
         self._cond = threading.Condition()
         self._slots: dict[int, tuple[str, Any]] = {}
@@ -149,7 +152,7 @@ class SimJob:
             skew = [r * skew for r in range(self.world)]
         seed = None if self.seed is None else (self.seed * 1_000_003 + idx) & 0x7FFFFFFF
         self.system.launch_many(items, seed=seed, policy=self.policy, skew=skew,
-                                deadlock_steps=self.deadlock_steps, max_steps=self.max_steps)
+                                **self.sched_options)
         out: list[Any] = []
         for r, ln in enumerate(items):
             try:
@@ -232,8 +235,7 @@ class SimCommunicator:
         k = _ir_of(kernel, constexprs)
         self.job.system.launch_many([Launch(self.device, k, grid, dict(args))], seed=seed,
                                     policy=self.job.policy if seed is None else None,
-                                    deadlock_steps=self.job.deadlock_steps,
-                                    max_steps=self.job.max_steps)
+                                    **self.job.sched_options)
         self.check_errors(k.name)
 
     def check_errors(self, kernel_name: str = "") -> None:

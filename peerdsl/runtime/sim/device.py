@@ -167,13 +167,14 @@ class SimSystem:
 
     def launch_many(self, launches: Sequence[Launch], seed: int | None = None,
                     policy: str | None = None, skew: Sequence[int] | None = None,
-                    deadlock_steps: int = 500_000, max_steps: int = 50_000_000) -> None:
+                    deadlock_steps: int = 500_000, max_steps: int = 50_000_000,
+                    store_delay: int | None = None) -> None:
         """Run the launches together (one per rank) under one scheduler."""
         delays = [0] * len(self.devices)
         for ln in launches:
             base = skew[ln.device.index] if skew and ln.device.index < len(skew) else 0
             delays[ln.device.index] = base + ln.delay
-        sched = Scheduler(self.mem, seed, policy, delays, deadlock_steps, max_steps)
+        sched = Scheduler(self.mem, seed, policy, delays, deadlock_steps, max_steps, store_delay)
         blocks = []
         for ln in launches:
             blocks.extend(self._blocks(ln, sched, delays[ln.device.index]))

@@ -8,6 +8,8 @@ and loop back-edges; one scheduler step resumes one block up to its next yield. 
     buffered store lands after an independent random delay, so stores of one block become
     visible out of program order unless a release orders them.
   * "round_robin": blocks in turn, one step each; a store lands one round later.
+  * store_delay=N (either policy): a store lands within N steps (random) / after N steps
+    (round robin); 0 makes memory sequentially consistent (to show what the weak model adds).
   * skew (with either): the blocks of rank r are not started before step skew[r].
 
 Deadlock: when every live block is inside a `while` loop, no store is pending and memory has
@@ -61,7 +63,7 @@ class BlockCtx:
 class Scheduler:
     def __init__(self, mem: GlobalMemory, seed: int | None = None, policy: str | None = None,
                  skew: Sequence[int] | None = None, deadlock_steps: int = 500_000,
-                 max_steps: int = 50_000_000):
+                 max_steps: int = 50_000_000, store_delay: int | None = None):
         self.mem = mem
         self.policy = policy or ("round_robin" if seed is None else "random")
         if self.policy not in ("random", "round_robin"):
@@ -78,6 +80,9 @@ class Scheduler:
             self.max_burst = self.rng.choice([1, 1, 2, 8, 64])
         else:
             self.max_delay, self.max_burst = 0, 1
+        self.store_delay = store_delay
+        if store_delay is not None:
+            self.max_delay = store_delay  # 0: every store lands at the next step (sequential)
 
     def delay_of(self, rank: int) -> int:
         return self.skew[rank] if rank < len(self.skew) else 0
@@ -86,7 +91,7 @@ class Scheduler:
         if self.policy == "random":
             due = self.now + self.rng.randint(0, self.max_delay)
         else:
-            due = self.now + self._nlive
+            due = self.now + (self._nlive if self.store_delay is None else self.store_delay)
         self._tick += 1
         heapq.heappush(self._heap, (due, self._tick, ctx, e))
 
