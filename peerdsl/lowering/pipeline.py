@@ -137,6 +137,8 @@ def _source_error(text: str, c: Compiled) -> str:
     """Append the DSL source line of any MLIR text position the error mentions."""
     lines = sorted({int(m.group(1)) for m in re.finditer(r'"-":(\d+):\d+', text)})
     where = [c.line_locs[n] for n in lines if n in c.line_locs]
+    # our locs print as "file":line:0; show them as the usual file:line
+    text = re.sub(r'"([^"\n]+)":(\d+):0\b', r"\1:\2", text)
     return text + ("\nat kernel source " + ", ".join(dict.fromkeys(where)) if where else "")
 
 

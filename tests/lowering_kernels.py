@@ -1,0 +1,127 @@
+"""Small DSL kernels that together use every DSL feature, for the lowering tests."""
+from __future__ import annotations
+
+import peerdsl.dsl as dsl
+from peerdsl.dsl import PeerPtrs, Ptr, constexpr
+
+
+def scale_and_clamp(x, k):
+    """A helper with traced control flow inside (rewritten on first use)."""
+    y = x * k
+    if y > 100.0:
+        y = 100.0 + 0.0 * y
+    return y
+
+
+@dsl.kernel(block_size=128)
+def features(a: Ptr[dsl.f32], bv: Ptr["T"], out: Ptr[dsl.f32], q: Ptr[dsl.i8],
+             ints: Ptr[dsl.i32], t64: Ptr[dsl.i64], n: dsl.i32, eps: dsl.f32, T: constexpr,
+             FP8: constexpr):
+    tid = dsl.thread_id()
+    i = dsl.block_id() * dsl.block_size() + tid
+    acc = 0.0
+    for k in range(4):                              # static: unrolled
+        acc = acc + a[i * 4 + k]
+    for j in range(tid, n, dsl.block_size()):       # dynamic: scf.for
+        acc = dsl.fma(a[j], 0.5, acc)
+    m = 0
+    while m * m < n:                                # scf.while
+        m = m + 1
+    if acc > eps:                                   # scf.if with results
+        r = dsl.rsqrt(acc + eps)
+        w = dsl.rcp(acc)
+    else:
+        r = dsl.sqrt(dsl.abs(acc))
+        w = -acc
+    r = scale_and_clamp(r, 3.0)
+    # packs: bf16x8 / f16x8 loads, f32x4 build, truncf RNE back to T
+    pk = bv.cast(dsl.vec16(T))[i]
+    xs = pk.to_f32()
+    s = xs[0] * xs[1] + xs[2]                        # mul then add: must not contract
+    s = dsl.maximum(s, dsl.minimum(xs[3], w))
+    bv.cast(dsl.vec16(T))[i] = dsl.pack_rne([x * r for x in xs], T)
+    out.cast(dsl.f32x4)[i] = dsl.pack([s, r, w, acc], dsl.f32)
+    # block reductions (smem + barrier + shfl_xor inside)
+    total = dsl.block_sum(s)
+    big = dsl.block_max(dsl.abs(s))
+    sm = dsl.shared_array("tile", dsl.f32, 128)
+    sm[tid] = total
+    dsl.barrier()
+    nb = sm[(tid + 1) % 128]
+    lane = dsl.shfl_xor(nb, 16, 32) + dsl.shfl_xor(nb, 1, 16)
+    q[i] = dsl.to_fp8(lane * big, FP8)
+    # integer ops and casts
+    x = ints[i]
+    y = (x // 3) + (x % 5) - (x >> 2) + (x << 1) + (-x) + (~x & 7) + (x | 1) + (x ^ 5)
+    y = dsl.maximum(y, dsl.minimum(x, 9)) + dsl.abs(x)
+    z = y.to_f32().to_i32() + (x > 3).to_i32() + lane.bitcast(dsl.i32)
+    ints[i] = dsl.select(x == 0, z, y)
+    t64[i] = dsl.globaltimer() + z.to_i64() * 2
+    if tid == 0:
+        hp = bv.cast(dsl.vec16(T))[0].to_f32()
+        bv.cast(dsl.vec16(T))[1] = dsl.pack_rne(hp, T)
+
+
+@dsl.kernel(block_size=64)
+def memory_ops(p: Ptr[dsl.i32], f: Ptr[dsl.f32], v: Ptr[dsl.bf16], p64: Ptr[dsl.i64],
+               out: Ptr[dsl.i32]):
+    t = dsl.thread_id()
+    acc = dsl.load(p + t) + dsl.load(p + t, nontemporal=True)
+    for scope in ("wave", "workgroup", "agent", "system"):
+        for order in ("relaxed", "acquire"):
+            acc = acc + dsl.load(p + 1, scope, order)
+        for order in ("relaxed", "release"):
+            dsl.store(p + 2, acc, scope, order)
+        for order in ("relaxed", "acquire", "release", "acq_rel"):
+            acc = acc + dsl.atomic_add(p + 3, 1, scope, order)
+            if order != "relaxed":
+                dsl.fence(scope, order)
+        acc = acc + dsl.atomic_max(p + 4, acc, scope) + dsl.atomic_xchg(p + 5, acc, scope)
+        acc = acc + dsl.atomic("umax", p + 6, acc, scope)
+        acc = acc + dsl.atomic_cas(p + 7, 0, acc, scope, "acq_rel")
+        acc = acc + dsl.atomic_cas(p + 7, 1, acc, scope, "relaxed")
+        acc = acc + dsl.atomic_add(f + 1, 1.0, scope, "relaxed").to_i32()
+        acc = acc + dsl.atomic_add(p64, 1, scope).to_i32()
+    vp = v.cast(dsl.bf16x8)
+    pk = dsl.load(vp + t, "system", "relaxed")             # scoped vector: volatile 16 B
+    dsl.store(vp + t + 64, pk, "system", "relaxed")
+    dsl.store(vp + t + 128, pk, nontemporal=True)
+    dsl.store(p + 8, acc, "system", "release", nontemporal=True)
+    sm = dsl.shared_array("flags", dsl.i32, 64)
+    dsl.store(sm + t, acc, "workgroup", "release")
+    dsl.barrier()
+    acc = acc + dsl.load(sm + (63 - t), "workgroup", "acquire")
+    acc = acc + dsl.atomic_add(sm, 1, "wave", "relaxed")
+    out[t] = acc
+
+
+@dsl.kernel(block_size=64)
+def peers(sig: PeerPtrs[dsl.i32], data: PeerPtrs["T"], out: Ptr["T"], rank: dsl.i32,
+          W: constexpr, T: constexpr):
+    s = dsl.Signal(sig, rank, W)
+    s.start()
+    t = dsl.thread_id()
+    acc = 0.0
+    for r in range(W):                                     # constant peer index
+        acc = acc + data[r][t].to_f32()
+    other = data[(rank + 1) % W]                           # dynamic peer index
+    acc = acc + other[t].to_f32()
+    s.sync()
+    out[t] = acc.to(T)
+    s.end()
+
+
+@dsl.kernel(block_size=64)
+def mul_add(a: Ptr[dsl.f32], b: Ptr[dsl.f32], c: Ptr[dsl.f32], out: Ptr[dsl.f32]):
+    """out = a * b + c: two roundings, never one fma."""
+    t = dsl.thread_id()
+    out[t] = a[t] * b[t] + c[t]
+
+
+ALL = {
+    "features": (features, {"T": dsl.bf16, "FP8": "e4m3fn"}),
+    "features_f16": (features, {"T": dsl.f16, "FP8": "e4m3fnuz"}),
+    "memory_ops": (memory_ops, {}),
+    "peers": (peers, {"W": 4, "T": dsl.bf16}),
+    "mul_add": (mul_add, {}),
+}
