@@ -63,6 +63,24 @@ def _ir_of(kernel: Any, constexprs: dict | None) -> ir.Kernel:
     raise TypeError(f"launch needs a dsl kernel or an ir.Kernel, got {kernel!r}")
 
 
+def describe_meta(off: int) -> str:
+    """Name a byte offset of a meta buffer (layout.py) for error messages."""
+    if off >= layout.SIGNAL_BYTES:
+        return ""
+    w = off // 4
+    if w < layout.SIG_EPOCH:
+        return f"Signal slot [block {w // layout.MAX_RANKS}][peer {w % layout.MAX_RANKS}]"
+    if w < layout.SIG_LL_EPOCH:
+        return f"Signal epoch of block {w - layout.SIG_EPOCH}"
+    names = {layout.SIG_LL_EPOCH: "LL epoch", layout.SIG_LL_DONE: "LL done counter",
+             layout.SIG_SPIN_LIMIT: "spin limit"}
+    if w in names:
+        return f"Signal {names[w]}"
+    if layout.SIG_ERROR <= w < layout.SIG_ERROR + layout.ERROR_WORDS:
+        return f"Signal error word {w - layout.SIG_ERROR}"
+    return "Signal"
+
+
 class SimJob:
     """The ranks of one `peerdsl.sim.run`: devices, communicators and the rendezvous."""
 
@@ -89,6 +107,7 @@ class SimJob:
         self.exited: set[int] = set()
         ml = layout.MetaLayout(world, ll_max_bytes, staging_bytes)
         self.comms = [SimCommunicator(self, r, ml, spin_limit) for r in range(world)]
+        self.system.mem.describers["meta"] = describe_meta
         peers = [c.meta.addr for c in self.comms]
         for c in self.comms:
             c.peer_meta = list(peers)

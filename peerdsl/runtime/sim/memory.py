@@ -53,9 +53,9 @@ class Allocation:
         return v
 
     def rows(self, n: int) -> np.ndarray:
-        v = self._views.get(n)
+        v = self._views.get(("rows", n))
         if v is None:
-            v = self._views[n] = self.buf.reshape(-1, n)
+            v = self._views[("rows", n)] = self.buf.reshape(-1, n)
         return v
 
 
@@ -85,6 +85,8 @@ class GlobalMemory:
         self._next: dict[int, int] = {}
         self.writes = 0  # bumped whenever memory changes hands (progress for the deadlock check)
         self.on_buffer: Callable[[Any, Entry], None] = lambda ctx, e: None
+        # allocation name -> fn(offset) naming what lives there (e.g. the Signal's words)
+        self.describers: dict[str, Callable[[int], str]] = {}
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, device: int, nbytes: int, name: str = "") -> Allocation:
@@ -110,7 +112,11 @@ class GlobalMemory:
         a = self.allocs.get(int(addr) >> 32)
         if a is None:
             return f"{int(addr):#x} (unmapped)"
-        return f"rank {a.device} {a.name}+{int(addr) & 0xFFFFFFFF:#x}"
+        off = int(addr) & 0xFFFFFFFF
+        text = f"rank {a.device} {a.name}+{off:#x}"
+        d = self.describers.get(a.name)
+        extra = d(off) if d else ""
+        return f"{text} ({extra})" if extra else text
 
     def _groups(self, addrs: np.ndarray, nbytes: int, what: str):
         """(allocation, lane selector or None, byte offsets) for each allocation touched."""
