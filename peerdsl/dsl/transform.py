@@ -194,13 +194,17 @@ class _Runtime:
         return traceable(fn)(*args, **kwargs)
 
 
-_factories: dict[types.CodeType, Callable] = {}
+_factories: dict[tuple, Callable] = {}
 
 
 def _factory(code: types.CodeType, source_fn: Callable) -> Callable:
-    if code not in _factories:
-        _factories[code] = _build_factory(code, source_fn)
-    return _factories[code]
+    # Code objects compare equal across files (co_filename is not part of ==), and the factory
+    # binds the function's module globals: key on both, or a same-shaped function in another
+    # module would run with the first one's globals (its helpers, constants).
+    key = (code, code.co_filename, id(source_fn.__globals__))
+    if key not in _factories:
+        _factories[key] = _build_factory(code, source_fn)
+    return _factories[key]
 
 
 def _build_factory(code: types.CodeType, source_fn: Callable) -> Callable:
