@@ -13,7 +13,8 @@
 policy (adversarial interleavings and store delays; collective launch i uses a seed derived
 from (seed, i)). `skew`: int (rank r starts r*skew steps late), a list per rank, or a
 callable(launch_index) -> list. See comm.py for the communicator API and the other options
-(`spin_limit`, `policy`, `ll_max_bytes`, `staging_bytes`, `deadlock_steps`, `max_steps`).
+(`spin_limit`, `policy`, `ll_max_bytes`, `staging_bytes`, `deadlock_steps`, `max_steps`,
+`store_delay`, and `comm_cls`: a SimCommunicator subclass that adds the collective ops).
 """
 from __future__ import annotations
 

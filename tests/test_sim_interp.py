@@ -368,3 +368,41 @@ def test_register_and_exchange_give_every_rank_all_addresses():
     addrs = [a for _, a, _ in res]
     assert all(r[0] == addrs for r in res)
     assert len({a >> 48 for a in addrs}) == 3  # the address names the device
+
+
+def test_round_robin_skew_callable_per_launch_delay_and_comm_cls():
+    class MyComm(peerdsl.sim.SimCommunicator):
+        def hello(self):
+            return f"rank {self.rank}"
+
+    seen = []
+
+    def skew(i):
+        seen.append(i)
+        return [0, 10 * i]
+
+    def fn(comm):
+        for i in range(3):
+            comm.launch(k_signal, dict(world=2), 2, dict(sig=comm.peer_signals, rank=comm.rank),
+                        delay=100 * comm.rank * i)
+        return comm.hello()
+    assert peerdsl.sim.run(2, fn, skew=skew, comm_cls=MyComm) == ["rank 0", "rank 1"]
+    assert seen == [0, 1, 2]
+
+
+def test_mismatched_collective_calls_are_an_error():
+    def fn(comm):
+        if comm.rank == 0:
+            comm.barrier()
+        else:
+            comm.launch(k_signal, dict(world=2), 1, dict(sig=comm.peer_signals, rank=1))
+    with pytest.raises(Exception, match="different collective calls"):
+        peerdsl.sim.run(2, fn)
+
+
+def test_rank_returning_early_does_not_hang_the_others():
+    def fn(comm):
+        if comm.rank == 1:
+            comm.barrier()
+    with pytest.raises(Exception, match="never made"):
+        peerdsl.sim.run(2, fn)

@@ -5,6 +5,8 @@ each rank is ordinary Python; every *collective* call (`launch`, `register`, `ex
 `barrier`) is a rendezvous: the last rank to arrive executes the call for all ranks (kernel
 launches of all ranks together under one scheduler), then every rank continues with its own
 result or error. All ranks must make the same sequence of collective calls.
+Collective ops (all_reduce, fused_allreduce_rmsnorm, ...) are added on top of this API by
+subclassing SimCommunicator and passing `comm_cls=` to `peerdsl.sim.run` / `SimJob`.
 
 API of `SimCommunicator` (attributes, then methods):
     rank, world: int
@@ -89,7 +91,7 @@ class SimJob:
                  ll_max_bytes: int = layout.LL_MAX_BYTES,
                  staging_bytes: int = layout.STAGING_BYTES,
                  deadlock_steps: int = 500_000, max_steps: int = 50_000_000,
-                 store_delay: int | None = None):
+                 store_delay: int | None = None, comm_cls: type | None = None):
         if not 1 <= world <= layout.MAX_RANKS:
             raise ValueError(f"world {world} not in [1, {layout.MAX_RANKS}]")
         self.world = world
@@ -106,7 +108,8 @@ class SimJob:
         self.failed: BaseException | None = None
         self.exited: set[int] = set()
         ml = layout.MetaLayout(world, ll_max_bytes, staging_bytes)
-        self.comms = [SimCommunicator(self, r, ml, spin_limit) for r in range(world)]
+        cls = comm_cls or SimCommunicator
+        self.comms = [cls(self, r, ml, spin_limit) for r in range(world)]
         self.system.mem.describers["meta"] = describe_meta
         peers = [c.meta.addr for c in self.comms]
         for c in self.comms:
