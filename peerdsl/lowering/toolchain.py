@@ -42,12 +42,23 @@ def ptxas_path() -> str:
     return os.path.join(cuda_nvcc_dir(), "bin", "ptxas")
 
 
+def _zig() -> str:
+    """The zig executable of the `ziglang` package (what `python -m ziglang` execs); calling
+    it directly saves a Python start-up per link."""
+    import importlib.util
+    spec = importlib.util.find_spec("ziglang")
+    if spec is None or not spec.origin:
+        raise RuntimeError("AMD builds need `pip install ziglang` (it provides ld.lld)")
+    zig = os.path.join(os.path.dirname(spec.origin), "zig")
+    return zig if os.access(zig, os.X_OK) else f"{sys.executable}\" -m \"ziglang"
+
+
 def amd_toolkit() -> str:
     """A toolkit dir whose llvm/bin/ld.lld runs ziglang's LLD (what gpu-module-to-binary
     looks for; it never searches PATH). Created once under the cache dir."""
     tk = os.path.join(cache_dir(), "toolkit")
     lld = os.path.join(tk, "llvm", "bin", "ld.lld")
-    script = f'#!/bin/sh\nexec "{sys.executable}" -m ziglang ld.lld "$@"\n'
+    script = f'#!/bin/sh\nexec "{_zig()}" ld.lld "$@"\n'
     try:
         with open(lld) as f:
             if f.read() == script:
