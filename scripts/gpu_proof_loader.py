@@ -41,6 +41,7 @@ from peerdsl.runtime import cuda as pcuda  # noqa: E402
 from peerdsl.runtime.manifest import KernelEntry, load_manifest  # noqa: E402
 
 RESULTS: list[dict[str, Any]] = []
+DEVICE = "cuda"  # tests dry-run the checks on "cpu" with a fake driver
 
 # One 16-byte pack (8 x bf16) per thread: f32 add of both halves of each word, RNE back.
 REF_PTX = r"""
@@ -135,7 +136,7 @@ def make_inputs(n_packs: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tens
         a[:8] = torch.tensor([1.0, 1.0, -3.0, info.tiny, info.tiny, info.max, -info.max, 0.0])
         b[:8] = torch.tensor([2.0 ** -8, 3 * 2.0 ** -9, 3.0, -info.tiny / 2, info.tiny / 4,
                               info.max, -info.max, -0.0])
-    return a.cuda(), b.cuda()
+    return a.to(DEVICE), b.to(DEVICE)
 
 
 def run_vector_add(kernel: Any, entry: KernelEntry, dtype: torch.dtype, mode: str) -> str:
@@ -152,7 +153,7 @@ def run_vector_add(kernel: Any, entry: KernelEntry, dtype: torch.dtype, mode: st
     for i, (n_packs, grid) in enumerate(cases):
         a, b = make_inputs(n_packs, dtype, seed=i)
         guard = 64
-        out = torch.full((n_packs * 8 + guard,), 0.5, dtype=dtype, device="cuda")
+        out = torch.full((n_packs * 8 + guard,), 0.5, dtype=dtype, device=DEVICE)
         ref = (a.float() + b.float()).to(dtype)
         g = grid or math.ceil(n_packs / bs)
         kernel.launch(g, {ptrs[0]: a, ptrs[1]: b, ptrs[2]: out, ints[0]: n_packs},
@@ -198,12 +199,12 @@ class Ranks:
     def __init__(self, W: int, max_grid: int, spin_limit: int):
         self.W = W
         words = layout.SIGNAL_BYTES // 4
-        self.sig = [torch.zeros(words, dtype=torch.int32, device="cuda") for _ in range(W)]
+        self.sig = [torch.zeros(words, dtype=torch.int32, device=DEVICE) for _ in range(W)]
         for s in self.sig:
             s[layout.SIG_SPIN_LIMIT] = spin_limit   # 0 would make every spin give up at once
-        self.slots = [torch.zeros(max_grid, dtype=torch.int32, device="cuda") for _ in range(W)]
-        self.counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.out = [torch.zeros(2 * max_grid, dtype=torch.int32, device="cuda") for _ in range(W)]
+        self.slots = [torch.zeros(max_grid, dtype=torch.int32, device=DEVICE) for _ in range(W)]
+        self.counter = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        self.out = [torch.zeros(2 * max_grid, dtype=torch.int32, device=DEVICE) for _ in range(W)]
         self.streams = [torch.cuda.Stream() for _ in range(W)]
         self.total = 0  # counter adds so far
 
@@ -267,8 +268,8 @@ def fail(exc: BaseException) -> str:
 
 
 def no_mlir() -> str:
-    bad = [m for m in sys.modules if m.split(".")[0] in ("mlir", "flydsl")
-           or m.startswith("peerdsl.lowering")]
+    bad = [m for m, mod in list(sys.modules.items()) if mod is not None and (
+        m.split(".")[0] in ("mlir", "flydsl") or m.startswith("peerdsl.lowering"))]
     if bad:
         raise AssertionError(f"MLIR/lowering modules got imported: {bad[:5]}")
     return "no MLIR or peerdsl.lowering module imported"
@@ -307,18 +308,23 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--no-builtin", action="store_true", help="skip the hand-written PTX check")
     a = ap.parse_args()
-    torch.cuda.set_device(a.device)
-    from cuda.bindings import driver as drv
-    env = {"python": sys.version.split()[0], "torch": torch.__version__,
-           "gpu": torch.cuda.get_device_name(a.device),
-           "cuda_driver": pcuda.check(drv.cuDriverGetVersion(), "cuDriverGetVersion"),
-           "manifest": str(Path(a.manifest).resolve())}
-    try:
+    env: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                           "manifest": str(Path(a.manifest).resolve())}
+
+    def environment() -> str:
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA GPU")
+        torch.cuda.set_device(a.device)
         import cuda.bindings
-        env["cuda_bindings"] = cuda.bindings.__version__
-    except Exception:
-        pass
-    print(json.dumps(env), flush=True)
+        from cuda.bindings import driver as drv
+        env.update(gpu=torch.cuda.get_device_name(a.device),
+                   capability=list(torch.cuda.get_device_capability(a.device)),
+                   cuda_driver=pcuda.check(drv.cuDriverGetVersion(), "cuDriverGetVersion"),
+                   cuda_bindings=getattr(cuda.bindings, "__version__", "?"))
+        return json.dumps(env)
+
+    if not check("environment", environment):
+        return finish(env)
 
     if not a.no_builtin:
         with tempfile.TemporaryDirectory() as tmp:
@@ -340,6 +346,10 @@ def main() -> int:
         manifest_checks(man, a.device, a.rounds)
     check("no_mlir", no_mlir)
 
+    return finish(env)
+
+
+def finish(env: dict[str, Any]) -> int:
     passed = sum(r["ok"] for r in RESULTS)
     summary = f"{passed} passed, {len(RESULTS) - passed} failed"
     print(("PASS" if passed == len(RESULTS) else "FAIL") + f": {summary}", flush=True)
