@@ -31,6 +31,9 @@ def run(tp: int, fn: Callable[[SimCommunicator], Any], seed: int | None = None,
         skew: Any = None, target: str = "gfx1250", **options: Any) -> list:
     """Run fn(comm) on `tp` simulated ranks; return the results by rank, or raise the
     first error (by rank; errors of ranks aborted because another failed come last)."""
+    if options.get("comm_cls") is None:  # the full Communicator: collectives included
+        from .runtime.sim.collective_comm import SimCollectiveComm
+        options["comm_cls"] = SimCollectiveComm
     job = SimJob(tp, target, seed=seed, skew=skew, **options)
     results: list[Any] = [None] * tp
     errors: list[BaseException | None] = [None] * tp

@@ -51,6 +51,17 @@ def dtype_of(x: Any) -> ir.ScalarType:
     return ir.SCALARS[name]
 
 
+def _normalize_constexpr(v: Any) -> Any:
+    """Dtype names and torch dtypes become ir types, so "bf16", torch.bfloat16 and ir.bf16
+    specialize (and cache) the same way."""
+    if isinstance(v, (ir.ScalarType, ir.VectorType)) or isinstance(v, (bool, int, float)):
+        return v
+    try:
+        return dtype_of(v) if (isinstance(v, str) or "torch" in str(type(v))) else v
+    except TraceError:
+        return v
+
+
 class PeerTable:
     """Peer pointers of one buffer; index with a rank (constant or traced)."""
 
@@ -98,6 +109,7 @@ class Kernel:
                              f" (its constexprs are {self.constexpr_names})")
 
     def trace(self, **constexprs: Any) -> ir.Kernel:
+        constexprs = {k: _normalize_constexpr(v) for k, v in constexprs.items()}
         self._check_constexprs(constexprs)
         for n in self.constexpr_names:
             if n not in constexprs:
@@ -158,6 +170,7 @@ class Kernel:
 
     def instance_name(self, **constexprs: Any) -> str:
         """A symbol that names this specialization (the same on every target)."""
+        constexprs = {k: _normalize_constexpr(v) for k, v in constexprs.items()}
         self._check_constexprs(constexprs)
         text = repr(sorted((k, str(v)) for k, v in constexprs.items()))
         return f"{self.name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"

@@ -1,0 +1,78 @@
+"""The simulator's Communicator with the collective methods (runtime/collectives.py) on top
+of SimCommunicator's memory and launch primitives. Tensors in and out are torch CPU tensors."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ... import layout
+from ...ops.registry import load_all
+from ..collectives import Collectives
+from .comm import SimCommunicator
+from .device import DeviceBuffer
+
+
+class SimCollectiveComm(SimCommunicator, Collectives):
+    """`peerdsl.sim.run`'s communicator: all_reduce, all_gather, fused_allreduce_rmsnorm, ..."""
+
+    max_grid = 4  # blocks per launch: enough to exercise several blocks, small enough to be fast
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.arch = self.target
+        self._pool: DeviceBuffer | None = None
+        self._pool_peers: list[int] = []
+        self._ops = load_all()
+
+    @property
+    def signal_peers(self) -> list[int]:
+        return self.peer_signals
+
+    @property
+    def ll_peers(self) -> list[int]:
+        return [a + self.ll_offset for a in self.peer_meta]
+
+    @property
+    def staging_peers(self) -> list[int]:
+        return [a + self.staging_offset for a in self.peer_meta]
+
+    @property
+    def ll_lines_per_peer(self) -> int:
+        return layout.ll_packets(self.meta_layout.ll_max_bytes)
+
+    def _dev(self, t: torch.Tensor) -> DeviceBuffer:
+        return self.to_device(t.contiguous())
+
+    def _new(self, shape: tuple, dtype: torch.dtype) -> DeviceBuffer:
+        return self.alloc(shape, dtype)
+
+    def _get(self, buf: DeviceBuffer, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return self.to_torch(buf, shape, dtype)
+
+    def _stage(self, t: torch.Tensor) -> list[int]:
+        """Copy t into this rank's registered input pool (grown, and re-registered, on demand:
+        every rank stages the same sizes in the same order, so the growth is collective)."""
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        if self._pool is None or self._pool.nbytes < nbytes:
+            self._pool = self.alloc((max(nbytes, 1 << 16),), torch.uint8, "input pool")
+            self._pool_peers = self.register(self._pool)
+        self.copy_in(self._pool, t.view(-1).view(torch.uint8))
+        return self._pool_peers
+
+    def _launch(self, name: str, constexprs: dict, grid: int, args: dict,
+                local: bool = False) -> None:
+        kernel = self._ops[name].kernel
+        if local:
+            self.launch_local(kernel, constexprs, grid, args)
+        else:
+            self.launch(kernel, constexprs, grid, args)
+
+    def _fallback_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """What torch.distributed would give: a sum of every rank's tensor (rank order here)."""
+        xs = self.exchange(x.detach().clone())
+        acc = xs[0].float()
+        for other in xs[1:]:
+            acc = acc + other.float()
+        return acc.to(x.dtype)
