@@ -82,6 +82,13 @@ def test_elf_mach_per_amd_target():
         assert e_flags & 0xFF == want[arch]
 
 
+def test_launch_bounds_reach_the_code_object():
+    for arch in AMD:
+        _, meta = codeobject.amd_metadata(compiled("features", arch).binary)
+        assert meta["amdhsa.kernels"][0][".max_flat_workgroup_size"] == 128
+    assert ".maxntid 128, 1, 1" in compiled("features", "sm_90").isa
+
+
 def test_peer_table_is_eight_pointer_params():
     c = compiled("peers", "gfx1250")
     names = [a["name"] for a in c.args]
@@ -225,6 +232,25 @@ def test_worker_crash_becomes_compile_error_and_recovers():
         pipeline.abort_worker_for_test()
     c = pipeline.compile_kernel(_hand_kernel(False), "sm_90")  # a fresh worker
     assert b"hand" in c.binary
+
+
+_ASSERTING_MLIR = """
+module attributes {gpu.container_module} {
+  gpu.module @m [#rocdl.target<chip = "gfx942", O = 3>] {
+    gpu.func @k(%a: i32) kernel attributes {gpu.kernel} {
+      gpu.return
+    }
+  }
+}
+"""
+
+
+def test_llvm_assert_in_a_pass_is_compile_error():
+    # verifies fine, then convert-gpu-to-rocdl hits an assert (abort) in the bundled LLVM
+    with pytest.raises(CompileError, match="DictionaryAttr element names must be unique"):
+        pipeline.compile_mlir(_ASSERTING_MLIR, "gfx942")
+    assert compiled("mul_add", "gfx942").binary  # later compiles still work
+    assert pipeline.compile_kernel(_hand_kernel(False), "gfx942").binary
 
 
 def test_unknown_op_is_lowering_error():

@@ -184,8 +184,29 @@ class _Gen(OpsMixin):
         name, ty = table[op.name], mlir_type(t)
         if name.startswith("llvm.intr."):
             self.emit(f"{self.bind(op.result)} = {self.intr(name[10:], [a, b], ty)}")
-        else:
-            self.emit(f"{self.bind(op.result)} = {name} {a}, {b} : {ty}")
+            return
+        if t.is_int and t is not ir.i1 and op.name in ("shl", "shr"):
+            # LLVM makes a shift by >= the width poison; the sim (and AMD hardware) use the
+            # amount modulo the width. Constant amounts fold the mask away.
+            b = self.val(f"arith.andi {b}, {self.const(max(t.bits, 8) - 1, ty)} : {ty}")
+        elif t.is_int and t is not ir.i1 and op.name in ("div", "rem"):
+            a, b, zero = self._safe_divisor(a, b, ty, t.bits)
+            if op.name == "div":  # x / 0 is 0 in the sim; x % 0 is x % 1 = 0 already
+                q = self.val(f"arith.divsi {a}, {b} : {ty}")
+                self.emit(f"{self.bind(op.result)} = arith.select {zero}, "
+                          f"{self.const(0, ty)}, {q} : {ty}")
+                return
+        self.emit(f"{self.bind(op.result)} = {name} {a}, {b} : {ty}")
+
+    def _safe_divisor(self, a: str, b: str, ty: str, bits: int) -> tuple[str, str, str]:
+        """Division by 0 and MIN / -1 are UB in LLVM; the sim defines them (0; MIN and 0).
+        Divide by 1 instead in those cases, which gives the sim's results."""
+        zero = self.val(f"arith.cmpi eq, {b}, {self.const(0, ty)} : {ty}")
+        is_min = self.val(f"arith.cmpi eq, {a}, {self.const(-(1 << (bits - 1)), ty)} : {ty}")
+        is_m1 = self.val(f"arith.cmpi eq, {b}, {self.const(-1, ty)} : {ty}")
+        ovf = self.val(f"arith.andi {is_min}, {is_m1} : i1")
+        bad = self.val(f"arith.ori {zero}, {ovf} : i1")
+        return a, self.val(f"arith.select {bad}, {self.const(1, ty)}, {b} : {ty}"), zero
 
     def op_const(self, op: ir.Op) -> None:
         t, v = op.result.type, op.attrs["value"]
