@@ -96,7 +96,7 @@ def test_c_shared_device_counters_pass():
 
 # ----------------------------------------------------------------------------- (b)
 
-def flag_program(release: bool, launches: int = 3, n: int = 96):
+def flag_program(release: bool, launches: int = 3, n: int = 96, acquire: bool = True):
     def fn(comm):
         data = comm.alloc((n,), torch.int32, "data")
         flag = comm.alloc((1,), torch.int32, "flag")
@@ -104,7 +104,7 @@ def flag_program(release: bool, launches: int = 3, n: int = 96):
         dp, fp = comm.register(data), comm.register(flag)
         ok = True
         for epoch in range(1, launches + 1):
-            comm.launch(flag_publish, dict(release=release), 1,
+            comm.launch(flag_publish, dict(release=release, acquire=acquire), 1,
                         dict(data=dp, flag=fp, sig=comm.peer_signals, out=out,
                              rank=comm.rank, n=n, epoch=epoch))
             if comm.rank == 1:
@@ -116,6 +116,12 @@ def flag_program(release: bool, launches: int = 3, n: int = 96):
 
 def test_b_relaxed_flag_publication_is_caught():
     assert _first_failure(2, flag_program(release=False), BROKEN_SEEDS) is not None
+
+
+def test_b_relaxed_flag_polling_is_caught():
+    """The reader side: without an acquire, plain data loads may be served stale."""
+    fn = flag_program(release=True, acquire=False)
+    assert _first_failure(2, fn, BROKEN_SEEDS) is not None
 
 
 def test_b_release_flag_publication_passes():

@@ -3,6 +3,8 @@
 Each protocol bug the simulator must catch (tests/test_sim_protocols.py):
   (a) `ar_staged(start_barrier=False)`: reads peers' staged inputs without the start barrier.
   (b) `flag_publish(release=False)`: data and flag both relaxed; the flag may land first.
+      `flag_publish(acquire=False)`: the reader polls the flag relaxed, so its plain data
+      loads are not ordered after the flag and may return old data.
   (c) `ar_staged(own_counter=True)`: shares the Signal's barrier slots but keeps its own
       epoch counters elsewhere (the seed bug): its epochs are below what the slots hold, so
       `>=` passes at once and it reads peers' staging before they staged it.
@@ -55,7 +57,8 @@ def ar_staged(sig: dsl.PeerPtrs[dsl.i32], stage: dsl.PeerPtrs['T'], inp: dsl.Ptr
 @dsl.kernel(block_size=64)
 def flag_publish(data: dsl.PeerPtrs[dsl.i32], flag: dsl.PeerPtrs[dsl.i32],
                  sig: dsl.PeerPtrs[dsl.i32], out: dsl.Ptr[dsl.i32], rank: dsl.i32,
-                 n: dsl.i32, epoch: dsl.i32, release: dsl.constexpr = True):
+                 n: dsl.i32, epoch: dsl.i32, release: dsl.constexpr = True,
+                 acquire: dsl.constexpr = True):
     """Rank 0 writes n words into rank 1's `data`, then raises rank 1's flag to `epoch`;
     rank 1 waits for the flag (acquire) and copies data to `out`. One block."""
     t = dsl.thread_id()
@@ -70,7 +73,14 @@ def flag_publish(data: dsl.PeerPtrs[dsl.i32], flag: dsl.PeerPtrs[dsl.i32],
                 dsl.store(flag[1], epoch, "system", "relaxed")
     if rank == 1:
         if t == 0:
-            dsl.spin_until_ge(flag[1], epoch, sig[1], rank, layout.WAIT_FLAG)
+            if acquire:
+                dsl.spin_until_ge(flag[1], epoch, sig[1], rank, layout.WAIT_FLAG)
+            else:
+                seen = dsl.load(flag[1], "system", "relaxed")
+                k = 0
+                while (seen < epoch) and (k < 100000):
+                    seen = dsl.load(flag[1], "system", "relaxed")
+                    k = k + 1
         dsl.barrier()
         for i in range(t, n, dsl.block_size()):
             out[i] = dsl.load(data[1] + i)

@@ -239,6 +239,7 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
     name = op.name
     scope, order = op.attrs.get("scope"), op.attrs.get("order")
     releases = scope in _DRAIN_SCOPES and order in ("release", "acq_rel")
+    acquires = scope in _DRAIN_SCOPES and order in ("acquire", "acq_rel")
     if name == "barrier":
         def f_barrier(r, m, ctx):
             yield op  # workgroup-scope: the block runs in lockstep, nothing to publish
@@ -248,6 +249,8 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
             yield op
             if releases:
                 ctx.mem.drain(ctx)
+            if acquires:
+                ctx.acq_time = ctx.sched.now
         return f_fence, 2
     ptype = op.operands[0].type
     shared = ptype.space == "shared"
@@ -263,10 +266,14 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
                 r[o] = _scatter(m, GlobalMemory._read(ctx.smem, offs, dt, count), lanes, dt, count)
             return f_sload, 1
 
+        plain = scope is None
+
         def f_load(r, m, ctx):
             yield op
             addrs = r[p] if m is None else r[p][m]
-            v = ctx.mem.load(ctx, addrs, dt, count)
+            v = ctx.mem.load(ctx, addrs, dt, count, plain)
+            if acquires:
+                ctx.acq_time = ctx.sched.now
             ctx.last_load = (op, addrs, v)
             r[o] = _scatter(m, v, lanes, dt, count)
         return f_load, 2
@@ -307,6 +314,8 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
             old = _shared_atomic(ctx.smem, addrs, fn, v, dt, c)
         else:
             old = ctx.mem.atomic(ctx, addrs, fn, v, dt, c)
+            if acquires:
+                ctx.acq_time = ctx.sched.now
         r[o] = _scatter(m, old, lanes, dt, 0)
     return f_atomic, 2
 

@@ -50,6 +50,7 @@ class BlockCtx:
         self.gen: Any = None
         self.regs: list | None = None
         self.start = 0
+        self.acq_time = 0            # step of its last acquire: plain loads read no older
 
     def clock(self) -> int:
         return self.sched.now * NS_PER_STEP
@@ -83,6 +84,20 @@ class Scheduler:
         self.store_delay = store_delay
         if store_delay is not None:
             self.max_delay = store_delay  # 0: every store lands at the next step (sequential)
+        # stale plain loads only under the random policy with a weak store model
+        self.stale_loads = self.policy == "random" and self.max_delay > 0
+
+    def _stale_time(self, ctx: BlockCtx) -> int:
+        """The moment a plain load of ctx reads memory at: not before its last acquire."""
+        lo, now = ctx.acq_time, self.now
+        if lo >= now:
+            return now
+        u = self.rng.random()
+        if u < 0.4:
+            return lo  # as old as the model allows
+        if u < 0.6:
+            return now
+        return self.rng.randint(lo, now)
 
     def delay_of(self, rank: int) -> int:
         return self.skew[rank] if rank < len(self.skew) else 0
@@ -105,6 +120,10 @@ class Scheduler:
         """Run every block to its end (and drain their stores), or raise."""
         mem = self.mem
         mem.on_buffer = self._on_buffer
+        mem.clock = lambda: self.now
+        mem.stale_time = self._stale_time if self.stale_loads else None
+        mem.history.clear()
+        mem._logged.clear()
         waiting = sorted(blocks, key=lambda c: c.start)  # not started yet (skew)
         live: list[BlockCtx] = []
         self._nlive = len(blocks)
@@ -150,6 +169,9 @@ class Scheduler:
                 mem.drain(b)  # the end of the kernel publishes everything
         finally:
             mem.on_buffer = lambda ctx, e: None
+            mem.stale_time = None
+            mem.history.clear()
+            mem._logged.clear()
             self._heap.clear()
 
     def _deadlock(self, live: list[BlockCtx]) -> SimDeadlock:
