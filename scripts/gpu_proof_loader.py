@@ -17,6 +17,10 @@ Checks (each PASS/FAIL, summary at the end, JSON to $OUT/loader_proof.json when 
   barrier_timeout      one rank of W=2 alone with a small spin limit: the kernel must give
                        up and write its error record (rank, block, what=flag) instead of
                        hanging
+  ipc_2proc            a torch buffer (at an offset in its allocation) shared with a child
+                       process through cuIpcGetMemHandle/cuIpcOpenMemHandle, both ways
+  vmm_fd_2proc         cuMemCreate memory exported as a POSIX fd, sent over a unix socket
+                       (SCM_RIGHTS), imported + mapped by the child, both ways
   no_mlir              nothing MLIR-like got imported
 """
 from __future__ import annotations
@@ -311,6 +315,8 @@ def main() -> int:
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--no-builtin", action="store_true", help="skip the hand-written PTX check")
+    ap.add_argument("--no-ipc", action="store_true",
+                    help="skip the two-process CUDA IPC and VMM-fd checks")
     a = ap.parse_args()
     env: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
                            "manifest": str(Path(a.manifest).resolve())}
@@ -338,6 +344,11 @@ def main() -> int:
                 loader = pcuda.CudaLoader(man, device=a.device, mode=mode)
                 check(f"builtin_vector_add[{mode}]",
                       lambda: run_vector_add(loader.load(e), e, torch.bfloat16, mode))
+
+    if not a.no_ipc:
+        from peerdsl.runtime.cuda import selftest
+        check("ipc_2proc", lambda: selftest.run_ipc_selftest(a.device))
+        check("vmm_fd_2proc", lambda: selftest.run_vmm_selftest(a.device))
 
     man = None
     try:

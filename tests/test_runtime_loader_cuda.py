@@ -1,10 +1,13 @@
 """The CUDA loader against a fake `cuda.bindings.driver` that records every call (CPU)."""
 from __future__ import annotations
 
+import ctypes
 import enum
+import os
 import struct
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -341,3 +344,109 @@ def test_vmm_sequence(fake):
         pcuda.vmm_free(a)   # idempotent
         assert drv.names()[-3:] == ["cuMemUnmap", "cuMemAddressFree", "cuMemRelease"]
         assert drv.names().count("cuMemRelease") == 1
+
+
+class HostMemDriver(FakeDriver):
+    """VMM on host memory: physical handles are ctypes buffers, fds are pipes (found again by
+    inode after SCM_RIGHTS), virtual addresses map onto the physical buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.phys: dict[int, Any] = {}
+        self.maps: dict[int, tuple[int, int]] = {}   # va -> (phys address, size)
+        self.by_inode: dict[int, int] = {}
+        self._va = 0x6000_0000_0000
+
+    def _addr(self, ptr, n):
+        for va, (pa, size) in self.maps.items():
+            if va <= ptr and ptr + n <= va + size:
+                return pa + ptr - va
+        raise AssertionError(f"unmapped access {ptr:#x}+{n}")
+
+    CUmemAllocationProp = staticmethod(lambda: types.SimpleNamespace(
+        location=types.SimpleNamespace()))
+    CUmemAccessDesc = CUmemAllocationProp
+
+    def cuMemGetAllocationGranularity(self, prop, opt):
+        return CUresult.CUDA_SUCCESS, 1 << 16
+
+    def cuMemCreate(self, size, prop, flags):
+        h = 0x100 + len(self.phys)
+        self.phys[h] = (ctypes.c_uint8 * size)()
+        return CUresult.CUDA_SUCCESS, h
+
+    def cuMemAddressReserve(self, size, align, addr, flags):
+        self._va += 1 << 32
+        return CUresult.CUDA_SUCCESS, self._va
+
+    def cuMemMap(self, ptr, size, off, handle, flags):
+        self.maps[ptr] = (ctypes.addressof(self.phys[handle]), size)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemSetAccess(self, ptr, size, descs, count):
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemExportToShareableHandle(self, handle, kind, flags):
+        r, w = os.pipe()
+        os.close(w)
+        self.by_inode[os.fstat(r).st_ino] = handle
+        return CUresult.CUDA_SUCCESS, r
+
+    def cuMemImportFromShareableHandle(self, fd, kind):
+        return CUresult.CUDA_SUCCESS, self.by_inode[os.fstat(fd).st_ino]
+
+    def cuMemsetD32(self, ptr, value, n):
+        (ctypes.c_uint32 * n).from_address(self._addr(ptr, 4 * n))[:] = [value] * n
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemcpyDtoH(self, host, ptr, nbytes):
+        ctypes.memmove((ctypes.c_char * nbytes).from_buffer(host), self._addr(ptr, nbytes),
+                       nbytes)
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuCtxSynchronize(self):
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemUnmap(self, p, s):
+        del self.maps[p]
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemAddressFree(self, p, s):
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuMemRelease(self, h):
+        return (CUresult.CUDA_SUCCESS,)
+
+
+def test_vmm_selftest_protocol_on_host_memory():
+    """The two-party VMM self-test (fd over SCM_RIGHTS, import, map, read, write back) with
+    the peer in a thread and a host-memory driver: the same code the GPU proof runs."""
+    from peerdsl.runtime.cuda import selftest
+    pcuda.clear_caches()
+    drv = HostMemDriver()
+    with _driver.use_driver(drv):
+        assert "child read 7s" in selftest.run_vmm_selftest(0, in_thread=True)
+    assert not drv.maps   # both mappings were unmapped
+    pcuda.clear_caches()
+
+
+def test_selftest_child_process_reports_errors():
+    """The real child process starts (python -m ...selftest --child FD), speaks the protocol
+    over the inherited socket, and reports why it cannot work instead of hanging."""
+    import socket as _socket
+    from peerdsl.runtime.cuda import selftest
+    child = selftest._Child(0)
+    try:
+        r = child.ask({"kind": "ipc", "handle": "00" * 80, "n": 1, "expect": [0], "write": 1})
+        assert r["ok"] is False and r["detail"]
+        a, b = _socket.socketpair()
+        try:
+            r = child.ask({"kind": "vmm", "size": 1, "n": 1, "expect": [0], "write": 1},
+                          fd=a.fileno())
+            assert r["ok"] is False
+        finally:
+            a.close()
+            b.close()
+    finally:
+        child.close()
+    assert child.proc.returncode == 0

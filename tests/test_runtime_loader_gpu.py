@@ -60,3 +60,13 @@ def test_manifest_kernels(proof):
                           torch.cuda.current_device(), rounds=5)
     failed = [r for r in proof.RESULTS if not r["ok"]]
     assert proof.RESULTS and not failed, failed
+
+
+def test_ipc_two_processes():
+    from peerdsl.runtime.cuda import selftest
+    assert "parent saw its writes" in selftest.run_ipc_selftest(torch.cuda.current_device())
+
+
+def test_vmm_fd_two_processes():
+    from peerdsl.runtime.cuda import selftest
+    assert "parent saw its 9s" in selftest.run_vmm_selftest(torch.cuda.current_device())

@@ -171,7 +171,7 @@ def _run(proof, tmp_path, monkeypatch, bug=None):
     monkeypatch.setattr(proof, "sync", drv.flush)
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     monkeypatch.setattr(sys, "argv", ["gpu_proof_loader.py", "--manifest",
-                                      str(tmp_path / "build"), "--rounds", "6"])
+                                      str(tmp_path / "build"), "--rounds", "6", "--no-ipc"])
     with pcuda.use_driver(drv):
         rc = proof.main()
     doc = json.loads((tmp_path / "out" / "loader_proof.json").read_text())
