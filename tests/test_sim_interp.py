@@ -406,3 +406,13 @@ def test_rank_returning_early_does_not_hang_the_others():
             comm.barrier()
     with pytest.raises(Exception, match="never made"):
         peerdsl.sim.run(2, fn)
+
+
+def test_division_cases_undefined_in_llvm_are_defined_like_the_lowering():
+    from peerdsl.runtime.sim.numerics import int_div, int_rem
+    for dt in (np.int8, np.int32, np.int64):
+        mn = np.iinfo(dt).min
+        a = np.array([mn, mn, 7, -7, 5], dt)
+        b = np.array([-1, 0, 0, 0, -1], dt)
+        assert int_div(a, b).tolist() == [mn, 0, 0, 0, -5]
+        assert int_rem(a, b).tolist() == [0, 0, 0, 0, 0]

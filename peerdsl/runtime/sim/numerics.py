@@ -86,10 +86,17 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- integers
 
+def _safe_divisor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x/0 and MIN/-1 are UB in LLVM; the sim and the lowering both divide by 1 instead
+    (x/0 -> 0 after the select below, MIN/-1 -> MIN, and both remainders 0)."""
+    mn = np.iinfo(a.dtype).min
+    return np.where((b == 0) | ((a == mn) & (b == -1)), 1, b).astype(a.dtype)
+
+
 def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Signed division truncating toward zero (C); division by zero is UB: gives 0 here."""
+    """Signed division truncating toward zero (C); x/0 gives 0, MIN/-1 gives MIN."""
     zero = b == 0
-    bs = np.where(zero, 1, b).astype(a.dtype)
+    bs = _safe_divisor(a, b)
     q = a // bs  # floor
     adjust = (q * bs != a) & ((a < 0) != (bs < 0))
     q = np.where(adjust, q + 1, q).astype(a.dtype)
@@ -97,8 +104,8 @@ def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def int_rem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C remainder: the sign of the dividend."""
-    bs = np.where(b == 0, 1, b).astype(a.dtype)
+    """C remainder: the sign of the dividend; x%0 and MIN%-1 give 0."""
+    bs = _safe_divisor(a, b)
     return (a - int_div(a, bs) * bs).astype(a.dtype)
 
 
