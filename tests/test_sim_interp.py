@@ -370,6 +370,14 @@ def test_register_and_exchange_give_every_rank_all_addresses():
     assert len({a >> 48 for a in addrs}) == 3  # the address names the device
 
 
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def test_round_robin_skew_callable_per_launch_delay_and_comm_cls():
     class MyComm(peerdsl.sim.SimCommunicator):
         def hello(self):
@@ -385,9 +393,13 @@ def test_round_robin_skew_callable_per_launch_delay_and_comm_cls():
         for i in range(3):
             comm.launch(k_signal, dict(world=2), 2, dict(sig=comm.peer_signals, rank=comm.rank),
                         delay=100 * comm.rank * i)
+        comm.set_spin_limit(30)
+        comm.delay = 4000 * comm.rank  # sticky: rank 1 arrives too late for rank 0's spin
+        with pytest.raises(CollectiveTimeout) if comm.rank == 0 else _nothing():
+            comm.launch(k_signal, dict(world=2), 1, dict(sig=comm.peer_signals, rank=comm.rank))
         return comm.hello()
     assert peerdsl.sim.run(2, fn, skew=skew, comm_cls=MyComm) == ["rank 0", "rank 1"]
-    assert seen == [0, 1, 2]
+    assert seen == [0, 1, 2, 3]
 
 
 def test_mismatched_collective_calls_are_an_error():

@@ -29,9 +29,12 @@ API of `SimCommunicator` (attributes, then methods):
         blocks run together. `kernel` is a dsl Kernel (traced with `constexprs`) or an
         ir.Kernel. `args`: name -> int / float / address / DeviceBuffer, or a list of
         addresses for a PeerPtrs parameter. `delay`: this rank starts that many scheduler
-        steps late (on top of the job's skew). After the launch each rank reads its
+        steps late (on top of the job's skew); None uses `comm.delay`. After the launch each rank reads its
         Signal error record and raises `CollectiveTimeout` if a spin expired.
     launch_local(kernel, constexprs, grid, args) -> None   this rank alone, no rendezvous
+    delay: int                         default start delay (scheduler steps) of this rank's
+                                       next collective launches (settable between launches:
+                                       e.g. a different skew per rank and step)
     set_spin_limit(n) -> None          the Signal's spin-limit word of this rank
     check_errors(kernel_name="") -> None
 """
@@ -201,6 +204,7 @@ class SimCommunicator:
         self.ll_offset = meta_layout.ll_offset
         self.staging_offset = meta_layout.staging_offset
         self.peer_meta: list[int] = []
+        self.delay = 0
         self.set_spin_limit(spin_limit)
 
     @property
@@ -247,7 +251,8 @@ class SimCommunicator:
 
     def launch(self, kernel: Any, constexprs: dict | None, grid: int | Sequence[int],
                args: dict[str, Any], delay: int | None = None) -> None:
-        ln = Launch(self.device, _ir_of(kernel, constexprs), grid, dict(args), delay or 0)
+        d = self.delay if delay is None else delay
+        ln = Launch(self.device, _ir_of(kernel, constexprs), grid, dict(args), int(d))
         err = self.job.collective(self.rank, "launch", ln)
         if err is not None:
             raise err
