@@ -65,7 +65,8 @@ class Collectives:
         rank, world, arch, fp8_format, max_grid
         signal_peers, ll_peers, staging_peers: list[int] (every rank's addresses)
         ll_lines_per_peer: int
-        _dev(t) -> int            device address of a tensor (copying it in where needed)
+        _dev(t)                   t on the device (copied in where needed)
+        _addr(buf) -> int         the device address of a buffer from _dev/_new
         _new(shape, dtype) -> int a fresh device buffer
         _get(addr, shape, dtype) -> torch.Tensor  the result as a tensor of the caller
         _stage(t) -> list[int]    copy t into the registered input pool; every rank's address
@@ -121,7 +122,7 @@ class Collectives:
         packs = nbytes // 16
         out = self._new(shape, x.dtype)
         self._launch("allgather", {"W": self.world}, self._grid(packs), {
-            "inp": self._stage(x), "out": out, "sig": self.signal_peers, "rank": self.rank,
+            "inp": self._stage(x), "out": int(self._addr(out)), "sig": self.signal_peers, "rank": self.rank,
             "n_packs": packs})
         return self._get(out, shape, x.dtype)
 

@@ -44,6 +44,9 @@ class SimCollectiveComm(SimCommunicator, Collectives):
     def _dev(self, t: torch.Tensor) -> DeviceBuffer:
         return self.to_device(t.contiguous())
 
+    def _addr(self, buf: DeviceBuffer) -> int:
+        return buf.addr
+
     def _new(self, shape: tuple, dtype: torch.dtype) -> DeviceBuffer:
         return self.alloc(shape, dtype)
 

@@ -1,0 +1,213 @@
+"""`peerdsl.Communicator`: the collectives on real GPUs, over a torch.distributed group.
+
+Per rank it owns one peer-visible allocation holding the meta buffer of SPEC section 4
+(Signal | LL scratch | staging) and the registered input pool. IPC handles are exchanged
+through the group once; peers' addresses are opened here. Kernels come from the
+ahead-of-time manifest (no MLIR at run time).
+
+Inputs of the one- and two-stage kernels are copied into the registered pool on the caller's
+stream (a copy node under graph capture, so replays read the pool at the same addresses);
+the LL path reads its input in place. Signal and epochs live in device memory, so graph
+replay advances them like eager calls do.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from .. import layout
+from .collectives import Collectives
+from .errors import CollectiveTimeout
+
+MiB = 1 << 20
+SPIN_ITERATIONS_PER_SECOND = 2_000_000  # a system-scope poll takes >= 0.5 us on every target
+
+
+def _arch_of(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    if torch.version.hip is not None:
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    return f"sm_{major}{minor}"
+
+
+class Communicator(Collectives):
+    """One rank's communicator; every rank of `group` constructs it together."""
+
+    def __init__(self, group: Any = None, device: Any = None, max_size: int = 64 * MiB,
+                 build_dir: str | None = None, timeout_s: float = 5.0,
+                 ll_max_bytes: int = layout.LL_MAX_BYTES,
+                 staging_bytes: int = layout.STAGING_BYTES, max_grid: int | None = None,
+                 check_errors: bool = True):
+        import torch.distributed as dist
+        from .cuda.ipc import ipc_export, ipc_open
+
+        self._dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        if not 1 <= self.world <= layout.MAX_RANKS:
+            raise ValueError(f"world size {self.world} is not supported; it must be in "
+                             f"[1, {layout.MAX_RANKS}]")
+        self.device = torch.device(device if device is not None else
+                                   f"cuda:{torch.cuda.current_device()}")
+        self.dev_index = self.device.index or 0
+        self.arch = _arch_of(self.device)
+        build_dir = build_dir or os.environ.get("PEERDSL_BUILD_DIR", "build")
+        self.loader = self._make_loader(os.path.join(build_dir, self.arch, "manifest.json"))
+        self.fp8_format = self.loader.manifest.fp8_format
+        props = torch.cuda.get_device_properties(self.device)
+        # Blocks of one index wait for each other across ranks, so every rank's grid must be
+        # resident at once: ranks sharing a GPU (MPS) split its multiprocessors.
+        sharing = -(-self.world // max(1, torch.cuda.device_count()))
+        self.max_grid = max_grid or max(1, min(layout.MAX_BLOCKS,
+                                               props.multi_processor_count
+                                               * (2 if sharing == 1 else 1) // sharing))
+        self.meta_layout = layout.MetaLayout(self.world, ll_max_bytes, staging_bytes)
+        self.max_size = max_size
+        self.check_each_call = check_errors
+        self._capturing = False
+        self._kernels: dict[tuple, Any] = {}
+
+        total = self.meta_layout.total_bytes + max_size
+        self._buffer = torch.zeros(total, dtype=torch.uint8, device=self.device)
+        self._pool = self._buffer[self.meta_layout.total_bytes:]
+        self.set_timeout(timeout_s)
+        torch.cuda.synchronize(self.device)
+        handle = ipc_export(self._buffer, total, device=self.dev_index).to_bytes()
+        handles: list[Any] = [None] * self.world
+        dist.all_gather_object(handles, handle, group=group)
+        from .cuda.ipc import IpcHandle
+        self._opened: list[int] = []
+        bases = []
+        for r, h in enumerate(handles):
+            if r == self.rank:
+                bases.append(self._buffer.data_ptr())
+            else:
+                addr = ipc_open(IpcHandle.from_bytes(h), device=self.dev_index)
+                self._opened.append(addr)
+                bases.append(addr)
+        self.peer_bases = bases
+        dist.barrier(group=group)
+
+    @staticmethod
+    def _make_loader(manifest: str) -> Any:
+        if not os.path.exists(manifest):
+            raise FileNotFoundError(
+                f"no kernel manifest at {manifest}: build it with `peerdsl build --arch "
+                f"{os.path.basename(os.path.dirname(manifest))} -o "
+                f"{os.path.dirname(os.path.dirname(manifest))}` (or set PEERDSL_BUILD_DIR)")
+        from .cuda.loader import CudaLoader
+        return CudaLoader(manifest)
+
+    # ------------------------------------------------------------------ addresses
+    @property
+    def signal_peers(self) -> list[int]:
+        return [b + self.meta_layout.signal_offset for b in self.peer_bases]
+
+    @property
+    def ll_peers(self) -> list[int]:
+        return [b + self.meta_layout.ll_offset for b in self.peer_bases]
+
+    @property
+    def staging_peers(self) -> list[int]:
+        return [b + self.meta_layout.staging_offset for b in self.peer_bases]
+
+    @property
+    def pool_peers(self) -> list[int]:
+        return [b + self.meta_layout.total_bytes for b in self.peer_bases]
+
+    @property
+    def ll_lines_per_peer(self) -> int:
+        return layout.ll_packets(self.meta_layout.ll_max_bytes)
+
+    # ------------------------------------------------------------------ primitives
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device != self.device:
+            raise ValueError(f"tensor on {t.device}; this communicator runs on {self.device}")
+        return t.contiguous()
+
+    def _addr(self, buf: torch.Tensor) -> int:
+        return buf.data_ptr()
+
+    def _new(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def _get(self, buf: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return buf.view(shape)
+
+    def _stage(self, t: torch.Tensor) -> list[int]:
+        t = self._dev(t)
+        nbytes = t.numel() * t.element_size()
+        if nbytes > self.max_size:
+            raise ValueError(f"{nbytes} bytes exceed the registered pool of {self.max_size} "
+                             "bytes (Communicator max_size)")
+        self._pool[:nbytes].copy_(t.view(-1).view(torch.uint8))
+        return self.pool_peers
+
+    def _launch(self, name: str, constexprs: dict, grid: int, args: dict,
+                local: bool = False) -> None:
+        key = (name, tuple(sorted((k, str(v)) for k, v in constexprs.items())))
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._kernels[key] = self.loader.kernel(name, **constexprs)
+        kernel.launch(grid, args)
+        if self.check_each_call and not local and not self._capturing:
+            self.check_errors(name)
+
+    def _fallback_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        backend = self._dist.get_backend(self.group)
+        if backend == "gloo":
+            y = x.detach().cpu().clone()
+            self._dist.all_reduce(y, group=self.group)
+            return y.to(self.device)
+        y = x.clone()
+        self._dist.all_reduce(y, group=self.group)
+        return y
+
+    # ------------------------------------------------------------------ errors, timeouts
+    def set_timeout(self, seconds: float) -> None:
+        """How long a spin may wait before the kernel gives up and records an error."""
+        n = max(1, min(int(seconds * SPIN_ITERATIONS_PER_SECOND), 2**31 - 1))
+        at = layout.SIG_SPIN_LIMIT * 4
+        self._buffer[at:at + 4].copy_(torch.tensor([n], dtype=torch.int32).view(torch.uint8)
+                                      .to(self.device))
+
+    def check_errors(self, kernel_name: str = "") -> None:
+        """Synchronize and raise CollectiveTimeout if a spin of this rank expired."""
+        at = layout.SIG_ERROR * 4
+        rec = self._buffer[at:at + 4 * layout.ERROR_WORDS].cpu().numpy().view(np.int32)
+        if rec[0] != 0:
+            self._buffer[at:at + 4 * layout.ERROR_WORDS].zero_()
+            raise CollectiveTimeout(int(rec[1]), int(rec[2]), int(rec[3]), int(rec[4]),
+                                    int(rec[5]), kernel_name, self.rank)
+
+    # ------------------------------------------------------------------ graphs, lifetime
+    @contextlib.contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        """Calls inside are captured: no host synchronization, pool copies become graph
+        nodes, and the Signal epochs advance on the device at every replay."""
+        self._capturing = True
+        try:
+            yield
+        finally:
+            self._capturing = False
+
+    def close(self) -> None:
+        """Release peer mappings and this rank's memory (collective)."""
+        from .cuda.ipc import ipc_close
+        torch.cuda.synchronize(self.device)
+        self._dist.barrier(group=self.group)
+        for addr in self._opened:
+            ipc_close(addr)
+        self._opened = []
+        self._buffer = self._pool = None  # type: ignore[assignment]
+        self._dist.barrier(group=self.group)
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
