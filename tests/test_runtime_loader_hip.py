@@ -74,7 +74,8 @@ class FakeHip:
 
     # VMM / IPC
     def hipMemAllocationProp(self):
-        return types.SimpleNamespace(location=types.SimpleNamespace())
+        return types.SimpleNamespace(location=types.SimpleNamespace(),
+                                     requestedHandleTypes=None)
 
     def hipMemAccessDesc(self):
         return types.SimpleNamespace(location=types.SimpleNamespace())
@@ -191,6 +192,37 @@ def test_loader_rejects_nvidia_manifest(tmp_path, fake):
         phip.HipLoader(tmp_path, "sm_90")
     write_manifest(tmp_path, "gfx942")
     assert phip.HipLoader(tmp_path, "gfx942", device=0).manifest.wave_size == 64
+
+
+def test_prop_union_written_where_hip_python_hides_it():
+    """hip-python 10 has no requestedHandleTypes on hipMemAllocationProp: the loader writes
+    the union at byte 4 (checked against the real struct where hip-python is installed)."""
+    from peerdsl.runtime.hip import memory
+
+    class Prop(ctypes.Structure):   # the C layout: type, union, location {type, id}, ...
+        _fields_ = [("type_", ctypes.c_int), ("handle_types", ctypes.c_int),
+                    ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                    ("meta", ctypes.c_void_p), ("flags", ctypes.c_uint32)]
+
+    class HiddenUnion:
+        def __init__(self):
+            self.raw = Prop()
+            self.location = types.SimpleNamespace()
+
+        def __int__(self):
+            return ctypes.addressof(self.raw)
+
+    h = FakeHip()
+    h.hipMemAllocationProp = HiddenUnion
+    p = memory._prop(h, 3)
+    assert p.raw.handle_types == 1 and p.location.id == 3
+    try:
+        from hip import hip as real
+    except ImportError:
+        return
+    prop = memory._prop(real, 3)   # keep it alive while its memory is read
+    raw = ctypes.string_at(int(prop), 16)
+    assert struct.unpack("<4i", raw) == (1, 1, 1, 3)
 
 
 def test_vmm_export_import(fake):

@@ -24,8 +24,15 @@ def _prop(h: Any, device: int) -> Any:
     prop.type = h.hipMemAllocationType.hipMemAllocationTypePinned
     prop.location.type = h.hipMemLocationType.hipMemLocationTypeDevice
     prop.location.id = device
-    prop.requestedHandleTypes = h.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+    kind = h.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+    if hasattr(prop, "requestedHandleTypes"):
+        prop.requestedHandleTypes = kind
+    else:
+        # hip-python 10 does not expose the anonymous union {requestedHandleType(s)} that
+        # sits at byte 4 (after `type`, before `location`, as in CUmemAllocationProp).
+        ctypes.c_int.from_address(int(prop) + 4).value = int(getattr(kind, "value", kind))
     return prop
+
 
 
 def hip_granularity(device: int) -> int:
@@ -124,6 +131,9 @@ def hip_ipc_open(hd: IpcHandle, device: int) -> int:
     h = hip()
     set_device(device)
     mh = h.hipIpcMemHandle_t()
-    mh.reserved = hd.handle
+    try:
+        mh.reserved = hd.handle
+    except AttributeError:  # read-only in hip-python 10: write the 64-byte struct directly
+        ctypes.memmove(int(mh), hd.handle, len(hd.handle))
     flag = h.hipIpcMemLazyEnablePeerAccess  # a module-level constant in hip-python
     return as_int(check(h.hipIpcOpenMemHandle(mh, flag), "hipIpcOpenMemHandle")) + hd.offset
