@@ -125,3 +125,45 @@ ALL = {
     "peers": (peers, {"W": 4, "T": dsl.bf16}),
     "mul_add": (mul_add, {}),
 }
+
+
+@dsl.kernel(block_size=128)
+def numerics(x: Ptr[dsl.f32], y: Ptr[dsl.f32], z: Ptr[dsl.f32], a: Ptr[dsl.i32],
+             b: Ptr[dsl.i32], of: Ptr[dsl.f32], ob: Ptr[dsl.bf16], oh: Ptr[dsl.f16],
+             oq: Ptr[dsl.i8], oi: Ptr[dsl.i32], osum: Ptr[dsl.f32]):
+    """Every arithmetic op on edge-case inputs: compared bit for bit with the simulator on a
+    GPU (tests/lowering_gpu_numerics.py)."""
+    i = dsl.block_id() * dsl.block_size() + dsl.thread_id()
+    xv, yv, zv, av, bv = x[i], y[i], z[i], a[i], b[i]
+    f = of + i * 12
+    f[0] = xv * yv + zv
+    f[1] = dsl.rsqrt(xv)
+    f[2] = dsl.rcp(yv)
+    f[3] = dsl.sqrt(xv)
+    f[4] = dsl.fma(xv, yv, zv)
+    f[5] = xv / yv
+    f[6] = dsl.maximum(xv, yv)
+    f[7] = dsl.minimum(xv, zv)
+    f[8] = dsl.abs(xv) - (-yv)
+    f[9] = av.to_f32()
+    f[10] = (xv - zv) * (yv + zv)
+    f[11] = xv * 0.5
+    ob[i * 2] = xv.to_bf16()
+    ob[i * 2 + 1] = (xv * yv).to_bf16()
+    oh[i] = xv.to_f16()
+    oq[i * 2] = dsl.to_fp8(xv * yv, "e4m3fn")
+    oq[i * 2 + 1] = dsl.to_fp8(xv * yv, "e4m3fnuz")
+    n = oi + i * 8
+    n[0] = av // bv
+    n[1] = av % bv
+    n[2] = av >> bv
+    n[3] = av << bv
+    n[4] = dsl.minimum(dsl.maximum(zv * 1000.0, -1.0e9), 1.0e9).to_i32()
+    n[5] = dsl.maximum(av, bv)
+    n[6] = dsl.minimum(av, bv) + (av > bv).to_i32()
+    n[7] = xv.bitcast(dsl.i32) ^ av
+    s = dsl.block_sum(zv)
+    m = dsl.block_max(dsl.abs(yv))
+    if dsl.thread_id() == 0:
+        osum[dsl.block_id() * 2] = s
+        osum[dsl.block_id() * 2 + 1] = m
