@@ -135,14 +135,15 @@ def compile_pure(op: ir.Op, ins: list[int], outs: list[int], lanes: int) -> Call
         n = len(table)
 
         def f_ptr_select(r):
+            # an index outside the table gives a null pointer: an access through it faults
+            # (lanes that never access it, e.g. inactive ones, may hold any index)
             i = r[idx]
             i0 = int(i[0])
             if (i == i0).all():
-                if not 0 <= i0 < n:
-                    raise SimError(f"ptr_select index {i0} out of range [0, {n}) at {op.loc}")
-                r[o] = r[table[i0]]
+                r[o] = r[table[i0]] if 0 <= i0 < n else np.zeros(len(i), np.int64)
             else:
-                r[o] = np.choose(np.clip(i, 0, n - 1), [r[s] for s in table])
+                res = np.choose(np.clip(i, 0, n - 1), [r[s] for s in table])
+                r[o] = np.where((i >= 0) & (i < n), res, 0)
         return f_ptr_select
     raise SimError(f"the simulator does not know IR op {name!r} (at {op.loc})")
 
