@@ -278,6 +278,7 @@ def test_ipc_export_open_close(fake):
         h = pcuda.ipc_export(A + 4096, 256, device=0)
         assert (h.offset, h.size, h.handle) == (4096, 256, bytes([7]) * 64)
         assert ("cuIpcGetMemHandle", A) in drv.calls
+        assert pcuda.ipc_export(A + 64, device=0).size == (1 << 20) - 64  # rest of the alloc
         with pytest.raises(ValueError, match="leaves its allocation"):
             pcuda.ipc_export(A + (1 << 20) - 8, 64, device=0)
         p1 = pcuda.ipc_open(pcuda.IpcHandle.from_bytes(h.to_bytes()), device=0)

@@ -51,17 +51,19 @@ def _addr(ptr: Any) -> int:
 
 
 def ipc_export(ptr: Any, size: int | None = None, *, device: int | None = None) -> IpcHandle:
-    """[GPU] Handle for `ptr` (int address or torch tensor) that a peer process can open."""
+    """[GPU] Handle for `ptr` (int address, e.g. from cuMemAlloc, or a torch tensor) that a
+    peer process can open with `ipc_open`; send `handle.to_bytes()` to it."""
     drv = driver()
     if device is None:
         device = ptr.device.index if hasattr(ptr, "device") else 0
     ensure_context(int(device))
     addr = _addr(ptr)
-    if size is None:
-        size = ptr.numel() * ptr.element_size() if hasattr(ptr, "numel") else 0
     base, alloc_size = check(drv.cuMemGetAddressRange(addr), "cuMemGetAddressRange")
     base = int(base)
     offset = addr - base
+    if size is None:  # a tensor's bytes, or for a bare address the rest of its allocation
+        size = (ptr.numel() * ptr.element_size() if hasattr(ptr, "numel")
+                else int(alloc_size) - offset)
     if offset + size > int(alloc_size):
         raise ValueError(f"range {addr:#x}+{size} leaves its allocation "
                          f"{base:#x}+{int(alloc_size)}")
