@@ -5,6 +5,7 @@ vector_add and barrier_probe when PEERDSL_MANIFEST_DIR points at a build dir.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ def _why_not() -> str | None:
     if torch.version.cuda is None:
         return "torch is not a CUDA build"
     try:
-        from cuda.bindings import driver  # noqa: F401
+        importlib.import_module("cuda.bindings.driver")
     except ImportError:
         return "cuda-bindings is not installed (`from cuda.bindings import driver` fails)"
     if torch.cuda.get_device_capability() < (9, 0):
