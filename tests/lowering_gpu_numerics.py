@@ -67,6 +67,20 @@ def prepare(out: str) -> None:
     with open(os.path.join(out, "numerics.json"), "w") as f:
         json.dump({"args": c.args, "symbol": c.symbol, "resources": c.resources}, f)
     print(f"prepared {out}: {c.resources}")
+    prepare_probe(out)
+
+
+def prepare_probe(out: str) -> None:
+    """barrier_probe for W=2, for `check`: two ranks as two concurrent streams."""
+    from peerdsl import layout
+    from peerdsl.ops.barrier_probe import barrier_probe
+    from peerdsl.lowering import pipeline
+    c = pipeline.compile_kernel(barrier_probe.trace(W=2), "sm_90", "barrier_probe_w2")
+    with open(os.path.join(out, "probe.cubin"), "wb") as f:
+        f.write(c.binary)
+    with open(os.path.join(out, "probe.json"), "w") as f:
+        json.dump({"args": c.args, "symbol": c.symbol, "signal_bytes": layout.SIGNAL_BYTES,
+                   "spin_limit_word": layout.SIG_SPIN_LIMIT, "error_word": layout.SIG_ERROR}, f)
 
 
 def _sim_takes_target() -> bool:
@@ -111,8 +125,59 @@ def check(out: str) -> int:
         print(f"{k}: {len(idx)} of {same.size} differ")
         for j in idx[:8]:
             print(f"   [{j}] got {got[j]!r} want {want[j]!r}")
-    print("PASS" if bad == 0 else f"FAIL: {bad} values differ")
+    print("numerics: PASS" if bad == 0 else f"numerics: FAIL: {bad} values differ")
+    if os.path.exists(os.path.join(out, "probe.json")):
+        bad += check_probe(out)
     return 0 if bad == 0 else 1
+
+
+def check_probe(out: str, world: int = 2, grid: int = 4, rounds: int = 5) -> int:
+    """Rank r = a launch on its own stream; all ranks' launches of a round run concurrently."""
+    import cupy as cp
+    meta = json.load(open(os.path.join(out, "probe.json")))
+    fn = cp.RawModule(path=os.path.join(out, "probe.cubin")).get_function(meta["symbol"])
+    words = meta["signal_bytes"] // 4
+    sigs = [cp.zeros(words, np.int32) for _ in range(world)]
+    for s in sigs:
+        s[meta["spin_limit_word"]] = 1 << 26
+    slots = [cp.zeros(grid, np.int32) for _ in range(world)]
+    outs = [cp.zeros(2 * grid, np.int32) for _ in range(world)]
+    counter = cp.zeros(1, np.int32)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(world)]
+    null = cp.zeros(1, np.int32)
+    bad = 0
+    for rnd in range(1, rounds + 1):
+        for r in range(world):
+            vals = {"counter": counter, "out": outs[r], "rank": np.int32(r),
+                    "counter_target": np.int32(rnd * world * grid), "stamp": np.int32(rnd)}
+            for i in range(8):
+                vals[f"sig_{i}"] = sigs[i] if i < world else null
+                vals[f"slots_{i}"] = slots[i] if i < world else null
+            with streams[r]:
+                fn((grid,), (64,), tuple(vals[a["name"]] for a in meta["args"]))
+        cp.cuda.runtime.deviceSynchronize()
+        for r in range(world):
+            o = cp.asnumpy(outs[r]).reshape(grid, 2)
+            err = cp.asnumpy(sigs[r][meta["error_word"]:meta["error_word"] + 6])
+            ok = (o[:, 0] == 1).all() and (o[:, 1] == world).all() and err[0] == 0
+            bad += 0 if ok else 1
+            print(f"probe round {rnd} rank {r}: ok={o[:, 0].tolist()} seen={o[:, 1].tolist()} "
+                  f"error={err.tolist()} {'PASS' if ok else 'FAIL'}")
+    # negative control: rank 1 never launches; rank 0's spins must expire and record it
+    sigs[0][meta["spin_limit_word"]] = 1 << 14
+    vals = {"counter": counter, "out": outs[0], "rank": np.int32(0),
+            "counter_target": np.int32((rounds + 1) * world * grid), "stamp": np.int32(99)}
+    for i in range(8):
+        vals[f"sig_{i}"] = sigs[i] if i < world else null
+        vals[f"slots_{i}"] = slots[i] if i < world else null
+    fn((grid,), (64,), tuple(vals[a["name"]] for a in meta["args"]))
+    cp.cuda.runtime.deviceSynchronize()
+    o = cp.asnumpy(outs[0]).reshape(grid, 2)
+    err = cp.asnumpy(sigs[0][meta["error_word"]:meta["error_word"] + 6])
+    ok = (o[:, 0] == 0).all() and err[0] == 1
+    print(f"probe negative control (rank 1 absent): ok={o[:, 0].tolist()} error={err.tolist()} "
+          f"{'PASS (timed out and recorded)' if ok else 'FAIL'}")
+    return bad + (0 if ok else 1)
 
 
 if __name__ == "__main__":
