@@ -4,8 +4,9 @@ A mixin of `mlir_gen._Gen` (which provides emit/val/use/bind/check/scope/op).
 """
 from __future__ import annotations
 
-import struct
 from typing import Any
+
+import numpy as np
 
 from ..dsl import ir
 from .errors import LoweringError
@@ -28,15 +29,18 @@ def mlir_type(t: Any) -> str:
 
 
 def float_literal(value: float, t: ir.ScalarType) -> str:
-    """Exact hex bit pattern, so no decimal round trip can change a constant."""
+    """Exact hex bit pattern, so no decimal round trip can change a constant. Rounded as the
+    simulator does: numpy's double -> f32 / f16 (RNE, overflow to inf); bf16 via f32."""
+    with np.errstate(over="ignore"):
+        f = np.float32(value)
+        if t is ir.f16:
+            return "0x%04X" % int(np.float16(value).view(np.uint16))
+    bits = int(f.view(np.uint32))
     if t is ir.f32:
-        return "0x%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
-    if t is ir.f16:
-        return "0x%04X" % struct.unpack("<H", struct.pack("<e", value))[0]
-    bits = struct.unpack("<I", struct.pack("<f", value))[0]  # bf16: f32 rounded to nearest even
+        return "0x%08X" % bits
     if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
         return "0x7FC0"
-    bits += 0x7FFF + ((bits >> 16) & 1)
+    bits += 0x7FFF + ((bits >> 16) & 1)  # bf16: nearest even from the f32 bits
     return "0x%04X" % ((bits >> 16) & 0xFFFF)
 
 
