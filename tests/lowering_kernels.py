@@ -40,6 +40,7 @@ def features(a: Ptr[dsl.f32], bv: Ptr["T"], out: Ptr[dsl.f32], q: Ptr[dsl.i8],
     s = xs[0] * xs[1] + xs[2]                        # mul then add: must not contract
     s = dsl.maximum(s, dsl.minimum(xs[3], w))
     bv.cast(dsl.vec16(T))[i] = dsl.pack_rne([x * r for x in xs], T)
+    bv[i * 8 + 3] = dsl.maximum(pk[0], dsl.minimum(pk[1], pk[2]))  # max/min on bf16 / f16
     out.cast(dsl.f32x4)[i] = dsl.pack([s, r, w, acc], dsl.f32)
     # block reductions (smem + barrier + shfl_xor inside)
     total = dsl.block_sum(s)
