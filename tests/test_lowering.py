@@ -281,5 +281,8 @@ def test_nvidia_param_layout_natural_alignment():
     args, size = codeobject.nvidia_params(mixed.trace())
     assert [(a["offset"], a["size"]) for a in args] == [(0, 4), (8, 8), (16, 4), (24, 8), (32, 4)]
     assert size == 36
+    nv = pipeline.compile_kernel(mixed.trace(), "sm_90", "mixed")  # checked against .nv.info
+    params, total = codeobject.cubin_params(nv.binary, "mixed")
+    assert params == [(0, 0, 4), (1, 8, 8), (2, 16, 4), (3, 24, 8), (4, 32, 4)] and total == 36
     amd = pipeline.compile_kernel(mixed.trace(), "gfx1250", "mixed")
     assert [a["offset"] for a in amd.args] == [0, 8, 16, 24, 32]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+import struct
 from typing import Any
 
 import msgpack
@@ -122,6 +123,44 @@ def parse_ptxas_log(log: str, symbol: str) -> dict[str, int]:
         hit = re.search(pat, block)
         res[key] = int(hit.group(1)) if hit else 0
     return res
+
+
+EIATTR_KPARAM_INFO, EIATTR_CBANK_PARAM_SIZE = 0x17, 0x19
+
+
+def cubin_params(data: bytes, symbol: str) -> tuple[list[tuple[int, int, int]], int]:
+    """([(ordinal, offset, size)] in ordinal order, total param bytes) from the cubin's
+    .nv.info.<symbol> section: the layout the driver really uses."""
+    elf = ELFFile(io.BytesIO(data))
+    sec = elf.get_section_by_name(f".nv.info.{symbol}")
+    if sec is None:
+        raise CompileError(f"cubin has no .nv.info.{symbol} section")
+    d, i, params, total = sec.data(), 0, [], -1
+    while i + 2 <= len(d):
+        fmt, attr = d[i], d[i + 1]
+        if fmt == 4:  # EIFMT_SVAL: u16 size, then the value
+            size = struct.unpack_from("<H", d, i + 2)[0]
+            val = d[i + 4:i + 4 + size]
+            i += 4 + size
+            if attr == EIATTR_KPARAM_INFO:
+                _index, ordinal, offset, bits = struct.unpack_from("<IHHI", val)
+                params.append((ordinal, offset, (bits >> 18) & 0x3FFF))
+        elif fmt in (2, 3):  # EIFMT_BVAL / EIFMT_HVAL: value in the next 2 bytes
+            if attr == EIATTR_CBANK_PARAM_SIZE:
+                total = struct.unpack_from("<H", d, i + 2)[0]
+            i += 4
+        else:
+            i += 2
+    return sorted(params), total
+
+
+def check_cubin_params(data: bytes, symbol: str, args: list[dict[str, Any]], size: int) -> None:
+    """The computed layout must be the one ptxas recorded (else launches would corrupt args)."""
+    params, total = cubin_params(data, symbol)
+    want = [(i, a["offset"], a["size"]) for i, a in enumerate(args)]
+    if params != want or (total >= 0 and total != size):
+        raise CompileError(f"{symbol}: cubin parameter layout {params} (total {total}) differs "
+                           f"from the computed {want} (total {size})")
 
 
 def cubin_info(data: bytes) -> dict[str, Any]:

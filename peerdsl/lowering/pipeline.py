@@ -199,6 +199,8 @@ def stage_ptxas(c: Compiled) -> None:
             c.binary = f.read()
     c.resources = codeobject.parse_ptxas_log(c.log, c.symbol)
     c.args, c.kernarg_size = codeobject.nvidia_params(c.kernel)
+    codeobject.check_cubin_params(c.binary, c.symbol, c.args, c.kernarg_size)
+    c.lds_bytes = c.resources.get("smem_bytes", c.lds_bytes)  # what ptxas allocated
 
 
 STAGES: dict[str, list[Callable[[Compiled], None]]] = {
