@@ -13,7 +13,7 @@ import torch
 import peerdsl.dsl as dsl
 import peerdsl.sim
 from peerdsl.runtime.errors import CollectiveTimeout, SimError
-from tests.sim_kernels import ar_staged, flag_publish, ll_allreduce
+from tests.sim_kernels import ar_staged, flag_publish, flag_publish_local, ll_allreduce
 
 BROKEN_SEEDS = 50
 CORRECT_SEEDS = int(os.environ.get("PEERDSL_SIM_SEEDS", "100"))
@@ -96,7 +96,8 @@ def test_c_shared_device_counters_pass():
 
 # ----------------------------------------------------------------------------- (b)
 
-def flag_program(release: bool, launches: int = 3, n: int = 96, acquire: bool = True):
+def flag_program(release: bool, launches: int = 3, n: int = 96, acquire: bool = True,
+                 scope: str = "system"):
     def fn(comm):
         data = comm.alloc((n,), torch.int32, "data")
         flag = comm.alloc((1,), torch.int32, "flag")
@@ -104,7 +105,7 @@ def flag_program(release: bool, launches: int = 3, n: int = 96, acquire: bool = 
         dp, fp = comm.register(data), comm.register(flag)
         ok = True
         for epoch in range(1, launches + 1):
-            comm.launch(flag_publish, dict(release=release, acquire=acquire), 1,
+            comm.launch(flag_publish, dict(release=release, acquire=acquire, scope=scope), 1,
                         dict(data=dp, flag=fp, sig=comm.peer_signals, out=out,
                              rank=comm.rank, n=n, epoch=epoch))
             if comm.rank == 1:
@@ -122,6 +123,34 @@ def test_b_relaxed_flag_polling_is_caught():
     """The reader side: without an acquire, plain data loads may be served stale."""
     fn = flag_program(release=True, acquire=False)
     assert _first_failure(2, fn, BROKEN_SEEDS) is not None
+
+
+def test_b_agent_scope_release_to_a_peer_rank_is_caught():
+    fn = flag_program(release=True, scope="agent")
+    assert _first_failure(2, fn, BROKEN_SEEDS) is not None
+
+
+def local_flag_program(scope: str, n: int = 96):
+    def fn(comm):
+        data, flag, out = (comm.alloc((k,), torch.int32) for k in (n, 1, n))
+        ok = True
+        for epoch in range(1, 4):
+            comm.launch_local(flag_publish_local, dict(scope=scope), 2,
+                              dict(data=data, flag=flag, out=out, n=n, epoch=epoch),
+                              seed=comm.job.seed * 10 + epoch)
+            ok &= torch.equal(comm.to_torch(out), epoch * 1000 + torch.arange(n, dtype=torch.int32))
+        return ok
+    return fn
+
+
+def test_b_workgroup_scope_release_between_blocks_is_caught():
+    assert _first_failure(1, local_flag_program("workgroup"), BROKEN_SEEDS) is not None
+
+
+def test_b_agent_scope_release_between_blocks_of_one_device_passes():
+    fn = local_flag_program("agent")
+    for seed in range(CORRECT_SEEDS):
+        assert _outcome(1, fn, seed), f"seed {seed}"
 
 
 def test_b_release_flag_publication_passes():

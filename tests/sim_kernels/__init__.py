@@ -5,6 +5,9 @@ Each protocol bug the simulator must catch (tests/test_sim_protocols.py):
   (b) `flag_publish(release=False)`: data and flag both relaxed; the flag may land first.
       `flag_publish(acquire=False)`: the reader polls the flag relaxed, so its plain data
       loads are not ordered after the flag and may return old data.
+      `flag_publish(scope="agent")`: an agent-scope release orders the data only for blocks
+      of the writer's device; the peer rank may see the flag first. Its twin
+      `flag_publish_local(scope="agent")` (writer and reader on one device) is correct.
   (c) `ar_staged(own_counter=True)`: shares the Signal's barrier slots but keeps its own
       epoch counters elsewhere (the seed bug): its epochs are below what the slots hold, so
       `>=` passes at once and it reads peers' staging before they staged it.
@@ -58,7 +61,7 @@ def ar_staged(sig: dsl.PeerPtrs[dsl.i32], stage: dsl.PeerPtrs['T'], inp: dsl.Ptr
 def flag_publish(data: dsl.PeerPtrs[dsl.i32], flag: dsl.PeerPtrs[dsl.i32],
                  sig: dsl.PeerPtrs[dsl.i32], out: dsl.Ptr[dsl.i32], rank: dsl.i32,
                  n: dsl.i32, epoch: dsl.i32, release: dsl.constexpr = True,
-                 acquire: dsl.constexpr = True):
+                 acquire: dsl.constexpr = True, scope: dsl.constexpr = "system"):
     """Rank 0 writes n words into rank 1's `data`, then raises rank 1's flag to `epoch`;
     rank 1 waits for the flag (acquire) and copies data to `out`. One block."""
     t = dsl.thread_id()
@@ -68,7 +71,7 @@ def flag_publish(data: dsl.PeerPtrs[dsl.i32], flag: dsl.PeerPtrs[dsl.i32],
         dsl.barrier()
         if t == 0:
             if release:
-                dsl.store(flag[1], epoch, "system", "release")
+                dsl.store(flag[1], epoch, scope, "release")
             else:
                 dsl.store(flag[1], epoch, "system", "relaxed")
     if rank == 1:
@@ -84,6 +87,30 @@ def flag_publish(data: dsl.PeerPtrs[dsl.i32], flag: dsl.PeerPtrs[dsl.i32],
         dsl.barrier()
         for i in range(t, n, dsl.block_size()):
             out[i] = dsl.load(data[1] + i)
+
+
+@dsl.kernel(block_size=64)
+def flag_publish_local(data: dsl.Ptr[dsl.i32], flag: dsl.Ptr[dsl.i32], out: dsl.Ptr[dsl.i32],
+                       n: dsl.i32, epoch: dsl.i32, scope: dsl.constexpr = "agent"):
+    """Block 0 writes n words (plain stores) and releases the flag at `scope`; block 1 of the
+    same device acquires it at `scope` and copies the data to `out`. Grid 2."""
+    t = dsl.thread_id()
+    if dsl.block_id() == 0:
+        for i in range(t, n, dsl.block_size()):
+            data[i] = epoch * 1000 + i
+        dsl.barrier()
+        if t == 0:
+            dsl.store(flag, epoch, scope, "release")
+    else:
+        if t == 0:
+            seen = dsl.load(flag, scope, "acquire")
+            k = 0
+            while (seen < epoch) and (k < 100000):
+                seen = dsl.load(flag, scope, "acquire")
+                k = k + 1
+        dsl.barrier()
+        for i in range(t, n, dsl.block_size()):
+            out[i] = data[i]
 
 
 @dsl.kernel(block_size=32)

@@ -24,8 +24,9 @@ from ...dsl import ir
 from ..errors import SimError
 from . import numerics as nx
 from .interp import Program, run
-from .memory import Allocation, GlobalMemory
+from .memory import Allocation
 from .scheduler import BlockCtx, Scheduler
+from .weak import WeakMemory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +162,7 @@ class SimSystem:
     """The devices of one simulated node, sharing one address space."""
 
     def __init__(self, world: int, target: str = "gfx1250"):
-        self.mem = GlobalMemory()
+        self.mem = WeakMemory()
         self.devices = [SimDevice(self, r, target) for r in range(world)]
         self.lock = threading.RLock()  # one launch or host copy at a time: deterministic
 

@@ -23,6 +23,7 @@ from ...dsl import ir
 from . import numerics as nx
 from .ops_table import compile_pure
 from .memory import GlobalMemory
+from .weak import BLOCK, DEVICE, MEMORY
 
 Code = tuple  # of (fn, kind)
 _DRAIN_SCOPES = ("agent", "system")
@@ -240,6 +241,8 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
     scope, order = op.attrs.get("scope"), op.attrs.get("order")
     releases = scope in _DRAIN_SCOPES and order in ("release", "acq_rel")
     acquires = scope in _DRAIN_SCOPES and order in ("acquire", "acq_rel")
+    # where a release store lands (weak.py): agent -> the device level, system -> memory
+    level = (DEVICE if scope == "agent" else MEMORY) if releases else BLOCK
     if name == "barrier":
         def f_barrier(r, m, ctx):
             yield op  # workgroup-scope: the block runs in lockstep, nothing to publish
@@ -248,7 +251,7 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         def f_fence(r, m, ctx):
             yield op
             if releases:
-                ctx.mem.drain(ctx)
+                ctx.mem.drain(ctx, scope)
             if acquires:
                 ctx.acq_time = ctx.sched.now
         return f_fence, 2
@@ -279,7 +282,6 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         return f_load, 2
     if name == "store":
         vs = ins[1]
-        buffered = not releases
         if shared:
             def f_sstore(r, m, ctx):
                 offs = r[p] if m is None else r[p][m]
@@ -291,10 +293,10 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         def f_store(r, m, ctx):
             yield op
             if releases:
-                ctx.mem.drain(ctx)
+                ctx.mem.drain(ctx, scope)
             addrs = r[p] if m is None else r[p][m]
             v = r[vs] if m is None else r[vs][m]
-            ctx.mem.store(ctx, addrs, v, buffered)
+            ctx.mem.store(ctx, addrs, v, level)
         return f_store, 2
     # atomic / cas
     dt = nx.np_dtype(op.result.type)
@@ -306,7 +308,7 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         if not shared:
             yield op
             if releases:
-                ctx.mem.drain(ctx)
+                ctx.mem.drain(ctx, scope)
         addrs = r[p] if m is None else r[p][m]
         v = r[val_slot] if m is None else r[val_slot][m]
         c = None if cmp_slot is None else (r[cmp_slot] if m is None else r[cmp_slot][m])

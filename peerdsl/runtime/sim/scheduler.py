@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import SimDeadlock, SimError, SimHang
-from .memory import Entry, GlobalMemory
+from .weak import Entry, WeakMemory
 
 NS_PER_STEP = 10  # globaltimer: simulated nanoseconds per scheduler step
 
@@ -34,7 +34,7 @@ NS_PER_STEP = 10  # globaltimer: simulated nanoseconds per scheduler step
 class BlockCtx:
     """The state of one simulated block: registers live in its generator's frame."""
 
-    def __init__(self, mem: GlobalMemory, sched: "Scheduler", rank: int, block: int,
+    def __init__(self, mem: WeakMemory, sched: "Scheduler", rank: int, block: int,
                  kernel_name: str, smem: Any):
         self.mem = mem
         self.sched = sched
@@ -62,7 +62,7 @@ class BlockCtx:
 
 
 class Scheduler:
-    def __init__(self, mem: GlobalMemory, seed: int | None = None, policy: str | None = None,
+    def __init__(self, mem: WeakMemory, seed: int | None = None, policy: str | None = None,
                  skew: Sequence[int] | None = None, deadlock_steps: int = 500_000,
                  max_steps: int = 50_000_000, store_delay: int | None = None):
         self.mem = mem
@@ -121,9 +121,7 @@ class Scheduler:
         mem = self.mem
         mem.on_buffer = self._on_buffer
         mem.clock = lambda: self.now
-        mem.stale_time = self._stale_time if self.stale_loads else None
-        mem.history.clear()
-        mem._logged.clear()
+        mem.reset_launch(self._stale_time if self.stale_loads else None)
         waiting = sorted(blocks, key=lambda c: c.start)  # not started yet (skew)
         live: list[BlockCtx] = []
         self._nlive = len(blocks)
@@ -169,9 +167,8 @@ class Scheduler:
                 mem.drain(b)  # the end of the kernel publishes everything
         finally:
             mem.on_buffer = lambda ctx, e: None
-            mem.stale_time = None
-            mem.history.clear()
-            mem._logged.clear()
+            mem.reset_launch(None)
+            mem.device_pending.clear()
             self._heap.clear()
 
     def _deadlock(self, live: list[BlockCtx]) -> SimDeadlock:
