@@ -428,3 +428,35 @@ def test_division_cases_undefined_in_llvm_are_defined_like_the_lowering():
         b = np.array([-1, 0, 0, 0, -1], dt)
         assert int_div(a, b).tolist() == [mn, 0, 0, 0, -5]
         assert int_rem(a, b).tolist() == [0, 0, 0, 0, 0]
+
+
+def test_memory_model_levels():
+    """Block buffer -> device level (agent scope) -> memory (system scope), as weak.py says."""
+    from peerdsl.runtime.sim.weak import BLOCK, DEVICE, MEMORY, WeakMemory
+
+    class Ctx:
+        def __init__(self, rank):
+            self.rank, self.pending = rank, []
+
+    mem = WeakMemory()
+    a = mem.allocate(1, 64, "x")
+    w, same, other = Ctx(0), Ctx(0), Ctx(1)
+    i32 = np.dtype(np.int32)
+
+    def seen(ctx, off=0):
+        return int(mem.load(ctx, np.array([a.addr + off]), i32, 0)[0])
+
+    mem.store(w, np.array([a.addr]), np.array([7], np.int32), BLOCK)
+    assert (seen(w), seen(same), seen(other)) == (7, 0, 0)      # only the writer
+    mem.drain(w, "agent")
+    assert (seen(w), seen(same), seen(other)) == (7, 7, 0)      # its device, not rank 1
+    mem.store(w, np.array([a.addr + 4]), np.array([9], np.int32), DEVICE)
+    mem.drain(w, "system")
+    assert (seen(other), seen(other, 4)) == (7, 9)              # L2 write-back: everyone
+    mem.store(w, np.array([a.addr]), np.array([1], np.int32), BLOCK)
+    mem.store(w, np.array([a.addr]), np.array([2], np.int32), BLOCK)
+    mem.flush(w, w.pending[1])  # landing the later store lands the earlier one first
+    assert seen(other) == 2 and all(e.state == MEMORY for e in w.pending)
+    old = mem.atomic(other, np.array([a.addr] * 3), lambda o, v: o + v,
+                     np.array([1, 1, 1], np.int32), i32)
+    assert old.tolist() == [2, 3, 4] and seen(w) == 5
