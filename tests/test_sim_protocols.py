@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 import peerdsl.dsl as dsl
 import peerdsl.sim
-from peerdsl.runtime.errors import CollectiveTimeout, SimError
+from peerdsl.runtime.errors import CollectiveTimeout
 from tests.sim_kernels import ar_staged, flag_publish, flag_publish_local, ll_allreduce
 
 BROKEN_SEEDS = 50

@@ -15,8 +15,6 @@ Each protocol bug the simulator must catch (tests/test_sim_protocols.py):
       grid size changes between launches a block's epoch repeats one a peer's line already
       carries in that bank, and a stale line is accepted.
 """
-from __future__ import annotations
-
 import peerdsl.dsl as dsl
 from peerdsl import layout
 

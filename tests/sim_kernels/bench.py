@@ -1,5 +1,4 @@
 """Simulator speed: TP4 one-stage all-reduce of 64 x 6144 bf16 (python -m tests.sim_kernels.bench)."""
-import sys
 import time
 
 import torch

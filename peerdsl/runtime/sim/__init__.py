@@ -1,4 +1,7 @@
 """CPU simulator of peerdsl kernel IR (see device.py for the launch API, comm.py for the
-communicator, `peerdsl.sim.run` for the multi-rank entry point)."""
-from .device import DeviceBuffer, Launch, SimDevice, SimSystem, TARGETS, program_of  # noqa: F401
-from .comm import SimCommunicator, SimJob  # noqa: F401,E402
+communicator, weak.py for the memory model, `peerdsl.sim.run` for the multi-rank entry point)."""
+from .comm import SimCommunicator, SimJob
+from .device import TARGETS, DeviceBuffer, Launch, SimDevice, SimSystem, program_of
+
+__all__ = ["SimCommunicator", "SimJob", "TARGETS", "DeviceBuffer", "Launch", "SimDevice",
+           "SimSystem", "program_of"]

@@ -41,7 +41,7 @@ API of `SimCommunicator` (attributes, then methods):
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
