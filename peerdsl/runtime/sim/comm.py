@@ -31,7 +31,8 @@ API of `SimCommunicator` (attributes, then methods):
         addresses for a PeerPtrs parameter. `delay`: this rank starts that many scheduler
         steps late (on top of the job's skew); None uses `comm.delay`. After the launch each rank reads its
         Signal error record and raises `CollectiveTimeout` if a spin expired.
-    launch_local(kernel, constexprs, grid, args) -> None   this rank alone, no rendezvous
+    launch_local(kernel, constexprs, grid, args, seed=None) -> None
+        this rank alone, no rendezvous (scheduled like the job's launches unless seeded)
     delay: int                         default start delay (scheduler steps) of this rank's
                                        next collective launches (settable between launches:
                                        e.g. a different skew per rank and step)
@@ -205,6 +206,7 @@ class SimCommunicator:
         self.staging_offset = meta_layout.staging_offset
         self.peer_meta: list[int] = []
         self.delay = 0
+        self._local_launches = 0
         self.set_spin_limit(spin_limit)
 
     @property
@@ -260,8 +262,12 @@ class SimCommunicator:
     def launch_local(self, kernel: Any, constexprs: dict | None, grid: int | Sequence[int],
                      args: dict[str, Any], seed: int | None = None) -> None:
         k = _ir_of(kernel, constexprs)
-        self.job.system.launch_many([Launch(self.device, k, grid, dict(args))], seed=seed,
-                                    policy=self.job.policy if seed is None else None,
+        self._local_launches += 1
+        if seed is None and self.job.seed is not None:  # adversarial like the collectives
+            seed = (self.job.seed * 1_000_003 + 7919 * (self.rank + 1) * self._local_launches
+                    ) & 0x7FFFFFFF
+        self.job.system.launch_many([Launch(self.device, k, grid, dict(args), self.delay)],
+                                    seed=seed, policy=self.job.policy,
                                     **self.job.sched_options)
         self.check_errors(k.name)
 
