@@ -171,15 +171,16 @@ class SimSystem:
                     deadlock_steps: int = 500_000, max_steps: int = 50_000_000,
                     store_delay: int | None = None) -> None:
         """Run the launches together (one per rank) under one scheduler."""
-        delays = [0] * len(self.devices)
-        for ln in launches:
-            base = skew[ln.device.index] if skew and ln.device.index < len(skew) else 0
-            delays[ln.device.index] = base + ln.delay
-        sched = Scheduler(self.mem, seed, policy, delays, deadlock_steps, max_steps, store_delay)
-        blocks = []
-        for ln in launches:
-            blocks.extend(self._blocks(ln, sched, delays[ln.device.index]))
-        with self.lock:
+        with self.lock:  # one launch at a time: the interleaving is the scheduler's alone
+            delays = [0] * len(self.devices)
+            for ln in launches:
+                base = skew[ln.device.index] if skew and ln.device.index < len(skew) else 0
+                delays[ln.device.index] = base + ln.delay
+            sched = Scheduler(self.mem, seed, policy, delays, deadlock_steps, max_steps,
+                              store_delay)
+            blocks = []
+            for ln in launches:
+                blocks.extend(self._blocks(ln, sched, delays[ln.device.index]))
             sched.run(blocks)
 
     def _blocks(self, ln: Launch, sched: Scheduler, start: int) -> list[BlockCtx]:
