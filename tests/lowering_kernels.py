@@ -119,12 +119,26 @@ def mul_add(a: Ptr[dsl.f32], b: Ptr[dsl.f32], c: Ptr[dsl.f32], out: Ptr[dsl.f32]
     out[t] = a[t] * b[t] + c[t]
 
 
+@dsl.kernel(block_size=32)
+def control_edges(p: Ptr[dsl.i32], n: dsl.i64):
+    """Loops and branches that carry no values (a bare spin, a store loop, an if)."""
+    while dsl.load(p, "system", "acquire") == 0:
+        pass
+    for i in range(dsl.thread_id().to_i64(), n, 32):   # an i64 loop
+        dsl.store(p + i, 1, "agent", "relaxed")
+    if dsl.thread_id() == 0:
+        dsl.store(p + 2, 3)
+    else:
+        dsl.fence("workgroup", "release")
+
+
 ALL = {
     "features": (features, {"T": dsl.bf16, "FP8": "e4m3fn"}),
     "features_f16": (features, {"T": dsl.f16, "FP8": "e4m3fnuz"}),
     "memory_ops": (memory_ops, {}),
     "peers": (peers, {"W": 4, "T": dsl.bf16}),
     "mul_add": (mul_add, {}),
+    "control_edges": (control_edges, {}),
 }
 
 

@@ -253,6 +253,14 @@ def test_llvm_assert_in_a_pass_is_compile_error():
     assert pipeline.compile_kernel(_hand_kernel(False), "gfx942").binary
 
 
+def test_hung_worker_is_killed(monkeypatch):
+    monkeypatch.setenv("PEERDSL_COMPILE_TIMEOUT", "1")
+    with pytest.raises(CompileError, match="killed after 1 s"):
+        pipeline.abort_worker_for_test(hang=True)
+    monkeypatch.delenv("PEERDSL_COMPILE_TIMEOUT")
+    assert pipeline.compile_kernel(_hand_kernel(False), "sm_90").binary
+
+
 def test_unknown_op_is_lowering_error():
     k = _hand_kernel(False)
     k.body.ops[1].name = "frobnicate"

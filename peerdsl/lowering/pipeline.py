@@ -47,6 +47,10 @@ class Compiled:
 
 # ----------------------------------------------------------------------------- worker
 
+def _timeout() -> float:
+    return float(os.environ.get("PEERDSL_COMPILE_TIMEOUT", "600"))
+
+
 class WorkerClient:
     """One persistent MLIR worker process. Not thread-safe: the pool hands it to one caller."""
 
@@ -75,17 +79,24 @@ class WorkerClient:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        # a hung compile (an LLVM infinite loop) must not hang the build: kill the worker
+        watchdog = threading.Timer(_timeout(), self.proc.kill)
+        watchdog.start()
         try:
             write_frame(self.proc.stdin, req)
             resp = read_frame(self.proc.stdout)
         except (BrokenPipeError, OSError):
             resp = None
+        finally:
+            watchdog.cancel()
         if resp is None:  # the worker died mid-request: report it and start afresh next time
             code = self.proc.wait()
             tail = self._stderr_tail()
             self.close()
-            raise CompileError(f"the MLIR worker died (exit status {code}) compiling this "
-                               f"kernel; LLVM said:\n{tail.strip() or '(nothing)'}")
+            why = (f"was killed after {_timeout():.0f} s (PEERDSL_COMPILE_TIMEOUT)"
+                   if code == -9 else f"died (exit status {code})")
+            raise CompileError(f"the MLIR worker {why} compiling this kernel; LLVM said:\n"
+                               f"{tail.strip() or '(nothing)'}")
         return resp
 
     def close(self) -> None:
@@ -226,9 +237,9 @@ def compile_mlir(text: str, target: "str | Target") -> dict[str, bytes]:
     return _run_mlir(c, {"isa": "builtin.module(gpu-module-to-binary{format=isa})"})
 
 
-def abort_worker_for_test() -> None:
-    """Make a worker die as an LLVM assert would (tests of the recovery path)."""
-    POOL.request({"op": "abort"})
+def abort_worker_for_test(hang: bool = False) -> None:
+    """Make a worker die as an LLVM assert would, or hang (tests of the recovery paths)."""
+    POOL.request({"op": "hang" if hang else "abort"})
 
 
 def worker_versions() -> dict[str, str]:

@@ -6,7 +6,8 @@ alive across kernels (importing the bindings costs far more than compiling a ker
 
 Protocol on stdin/stdout: frames of a 4-byte big-endian length and a msgpack map.
   request  {"mlir": text, "convert": pipeline, "binaries": {name: pipeline}}
-           or {"op": "versions"} / {"op": "abort"} (test hook: dies like an LLVM assert)
+           or {"op": "versions"}; test hooks {"op": "abort"} (dies like an LLVM assert) and
+           {"op": "hang"}
   response {"ok": True, "objects": {name: bytes}} | {"ok": False, "error": text}
 """
 from __future__ import annotations
@@ -87,6 +88,9 @@ def main() -> None:
                 resp = {"ok": True, "versions": versions()}
             elif op == "abort":
                 os.abort()
+            elif op == "hang":
+                import time
+                time.sleep(3600)
             else:
                 resp = compile_request(req)
         except Exception:
