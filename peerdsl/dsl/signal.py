@@ -92,5 +92,10 @@ class Signal:
         Also advances this block's epoch in device memory, so call it last."""
         barrier()
         self._barrier(layout.WAIT_END)
+        self.finish()
+
+    def finish(self) -> None:
+        """Advance this block's epoch in device memory past the barriers used so far (for a
+        kernel that needs no end barrier; `end` does this itself)."""
         if thread_id() == 0:
             store(self._epoch_ptr, self._base + self._used)

@@ -126,6 +126,12 @@ class Collectives:
             "n_packs": packs})
         return self._get(out, shape, x.dtype)
 
+    def null_collective(self) -> None:
+        """A launch and one Signal barrier on every rank (the small-row latency floor)."""
+        self.last_path = "null"
+        self._launch("null_collective", {"W": self.world}, 1,
+                     {"sig": self.signal_peers, "rank": self.rank})
+
     # ------------------------------------------------------------------ local kernels
     def _norm_checks(self, x, residual, weight):
         check_tensor("x", x, contiguous=False)

@@ -1,0 +1,307 @@
+"""SPEC section 8's table on a GPU machine, with the floors and single-GPU peers, in one run.
+
+    python3 benchmarks/bench_ar_rms.py --build build --tp 2 4 --hidden 6144 2880 8192
+
+Method (METHOD.md): CUDA graph of 20 calls, 30 replays, median per rank, max over ranks,
+us per call. Ranks are processes (one GPU each, or sharing one GPU under an MPS daemon
+started here). In the same run: the copy bandwidth (device-to-device, read + write), the
+null collective (a launch + one Signal barrier), torch eager / torch.compile / a Triton
+add + RMSNorm of our own, and our add + RMSNorm and FP8 quant kernels beside them, and the
+host-side cost of one eager fused call. Writes $OUT/bench.json (or --json) and a PNG plot.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from scripts.gpu_collectives import _free_port, start_mps, stop_mps  # noqa: E402
+
+ROWS = [1, 16, 64, 256, 384, 1024, 2048, 4096]
+CALLS, REPLAYS = 20, 30
+
+
+def graph_time_us(torch, fn, dev, sync=None) -> float:
+    """Median us per call of fn over REPLAYS replays of a graph of CALLS calls."""
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(CALLS):
+            fn()
+    times = []
+    for _ in range(REPLAYS):
+        if sync:
+            sync()
+        torch.cuda.synchronize(dev)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / CALLS)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------- single GPU
+
+def triton_add_rmsnorm():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x, r, w, out, rout, H: tl.constexpr, B: tl.constexpr, eps):
+        row = tl.program_id(0)
+        offs = tl.arange(0, B)
+        m = offs < H
+        s = tl.load(x + row * H + offs, mask=m, other=0.).to(tl.float32) + \
+            tl.load(r + row * H + offs, mask=m, other=0.).to(tl.float32)
+        tl.store(rout + row * H + offs, s.to(rout.dtype.element_ty), mask=m)
+        inv = tl.rsqrt(tl.sum(s * s, axis=0) / H + eps)
+        wv = tl.load(w + offs, mask=m, other=0.).to(tl.float32)
+        tl.store(out + row * H + offs, (s * inv * wv).to(out.dtype.element_ty), mask=m)
+
+    def run(x, r, w, out, rout, eps=1e-6):
+        H = x.shape[1]
+        kernel[(x.shape[0],)](x, r, w, out, rout, H, triton.next_power_of_2(H), eps,
+                              num_warps=16)
+    return run
+
+
+def single_gpu(torch, build: str, hidden: int, dev) -> dict:
+    from peerdsl.runtime.cuda.loader import CudaLoader
+    loader = CudaLoader(os.path.join(build, "sm_90", "manifest.json"))
+    fp8 = loader.manifest.fp8_format
+    ours = loader.kernel("add_rmsnorm", T="bf16", H=hidden, FP8=fp8)
+    quant = loader.kernel("per_token_quant_fp8", T="bf16", H=hidden, FP8=fp8)
+    tri = triton_add_rmsnorm()
+
+    def eager(x, r, w, out, rout):
+        s = x.float() + r.float()
+        rout.copy_(s.to(x.dtype))
+        out.copy_((s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float())
+                  .to(x.dtype))
+    compiled = torch.compile(eager)
+    table = {}
+    for rows in ROWS:
+        sets = [[torch.randn(rows, hidden, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+                for _ in range(4)]  # four rotating input sets (L2 is not warm for free)
+        w = torch.rand(hidden, device=dev, dtype=torch.bfloat16) + 0.5
+        out, rout = torch.empty_like(sets[0][0]), torch.empty_like(sets[0][0])
+        q = torch.empty(rows, hidden, device=dev, dtype=torch.int8)
+        scale = torch.empty(rows, 1, device=dev, dtype=torch.float32)
+        k = [0]
+
+        def nxt():
+            k[0] = (k[0] + 1) % 4
+            return sets[k[0]]
+
+        def ours_call():
+            x, r = nxt()
+            ours.launch(min(rows, 264), dict(x=x, residual=r, weight=w, out=out,
+                                             residual_out=rout, q=0, scale=0, rows=rows,
+                                             eps=1e-6, flags=0))
+        row = {"torch_eager": graph_time_us(torch, lambda: eager(*nxt(), w, out, rout), dev),
+               "triton": graph_time_us(torch, lambda: tri(*nxt(), w, out, rout), dev),
+               "peerdsl": graph_time_us(torch, ours_call, dev),
+               "peerdsl_quant": graph_time_us(torch, lambda: quant.launch(
+                   min(rows, 264), dict(x=nxt()[0], q=q, scale=scale, rows=rows)), dev),
+               "torch_quant": graph_time_us(torch, lambda: _torch_quant(torch, nxt()[0], q,
+                                                                        scale), dev)}
+        try:
+            row["torch_compile"] = graph_time_us(torch, lambda: compiled(*nxt(), w, out, rout),
+                                                 dev)
+        except Exception as e:  # noqa: BLE001 - a peer that does not run is reported, not fatal
+            row["torch_compile_error"] = str(e)[:200]
+        table[rows] = row
+    return table
+
+
+def _torch_quant(torch, x, q, scale):
+    f = x.float()
+    s = f.abs().amax(-1, keepdim=True) * (1.0 / 448.0)
+    scale.copy_(s)
+    q.copy_((f * torch.where(s == 0, 0, 1.0 / s)).clamp(-448, 448).to(torch.float8_e4m3fn)
+            .view(torch.int8))
+
+
+def copy_bandwidth(torch, dev) -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    us = graph_time_us(torch, lambda: b.copy_(a), dev)
+    return 2 * a.numel() / (us * 1e-6)  # bytes read + written per second
+
+
+# ----------------------------------------------------------------------------- ranks
+
+def rank_main(rank, world, port, build, hiddens) -> dict:
+    import torch
+    import torch.distributed as dist
+    from peerdsl.runtime.communicator import Communicator
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    dev = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
+    torch.cuda.set_device(dev)
+    comm = Communicator(device=dev, build_dir=build, check_errors=False)
+    sync = lambda: dist.barrier()  # noqa: E731 - ranks start each replay together
+    result = {"null_us": graph_time_us(torch, comm.null_collective, dev, sync), "rows": {}}
+    for hidden in hiddens:
+        for rows in ROWS:
+            g = torch.Generator().manual_seed(rows)
+            x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
+            res = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
+            w = (torch.rand(hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
+            comm.fused_allreduce_rmsnorm(x, res, w)
+            path = comm.last_path
+            comm.all_reduce(x)
+            ar_path = comm.last_path
+            r = {"path": path, "ar_path": ar_path,
+                 "ar_us": graph_time_us(torch, lambda: comm.all_reduce(x), dev, sync),
+                 "rms_us": graph_time_us(torch, lambda: comm.add_rmsnorm(x, res, w), dev, sync),
+                 "fused_us": graph_time_us(torch, lambda: comm.fused_allreduce_rmsnorm(
+                     x, res, w), dev, sync)}
+            if rows == 16 and hidden == hiddens[0]:  # host cost of one eager call
+                torch.cuda.synchronize(dev)
+                t = []
+                for _ in range(50):
+                    t0 = time.perf_counter()
+                    comm.fused_allreduce_rmsnorm(x, res, w)
+                    t.append((time.perf_counter() - t0) * 1e6)
+                    dist.barrier()
+                result["host_us"] = statistics.median(t)
+            result["rows"][f"{hidden}:{rows}"] = r
+    torch.cuda.synchronize(dev)
+    dist.barrier()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[6144])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--rank-worker", nargs=3, type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rank_worker:
+        rank, world, port = args.rank_worker
+        print("REPORT " + json.dumps(rank_main(rank, world, port, args.build, args.hidden)),
+              flush=True)
+        return 0
+    import torch
+    dev = torch.device("cuda:0")
+    summary = {"bandwidth_Bps": copy_bandwidth(torch, dev),
+               "single_gpu": single_gpu(torch, args.build, args.hidden[0], dev)}
+    print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
+    env = start_mps() if torch.cuda.device_count() < max(args.tp) else dict(os.environ)
+    try:
+        for tp in args.tp:
+            port = _free_port()
+            procs = [subprocess.Popen([sys.executable, __file__, "--build", args.build,
+                                       "--hidden", *map(str, args.hidden), "--rank-worker",
+                                       str(r), str(tp), str(port)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for r in range(tp)]
+            reps = []
+            for p in procs:
+                out, _ = p.communicate(timeout=900)
+                got = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("REPORT ")]
+                if not got:
+                    print(out[-3000:])
+                    return 1
+                reps.append(got[0])
+            summary[f"tp{tp}"] = merge(reps)
+    finally:
+        if env is not os.environ and "CUDA_MPS_PIPE_DIRECTORY" in env:
+            stop_mps(env)
+    path = args.json or (os.path.join(os.environ["OUT"], "bench.json")
+                         if os.environ.get("OUT") else "bench.json")
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(report(summary))
+    plot(summary, os.path.splitext(path)[0] + ".png")
+    return 0
+
+
+def merge(reps: list[dict]) -> dict:
+    """Max over ranks of every per-rank median."""
+    out = {"null_us": max(r["null_us"] for r in reps),
+           "host_us": max(r.get("host_us", 0) for r in reps), "rows": {}}
+    for key, first in reps[0]["rows"].items():
+        out["rows"][key] = {k: (max(r["rows"][key][k] for r in reps) if k.endswith("_us")
+                                else first[k]) for k in first}
+    return out
+
+
+def report(summary: dict) -> str:
+    bw = summary["bandwidth_Bps"]
+    lines = []
+    for tp in [k for k in summary if k.startswith("tp")]:
+        s = summary[tp]
+        lines.append(f"\nTP{tp[2:]} (null collective {s['null_us']:.1f} us, host cost of one "
+                     f"eager fused call {s['host_us']:.1f} us)")
+        lines.append("| H | rows | MiB | all-reduce (path) | add+RMSNorm | sum | fused (path) | "
+                     "unfused/fused | byte floor (all ranks, one HBM) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        world = int(tp[2:])
+        for key, r in s["rows"].items():
+            hidden, rows = map(int, key.split(":"))
+            nbytes = rows * hidden * 2
+            floor = world * (world + 4) * nbytes / bw * 1e6
+            tot = r["ar_us"] + r["rms_us"]
+            lines.append(f"| {hidden} | {rows} | {nbytes / 2**20:.2f} | {r['ar_us']:.1f} "
+                         f"({r['ar_path']}) | {r['rms_us']:.1f} | {tot:.1f} | {r['fused_us']:.1f} "
+                         f"({r['path']}) | {tot / r['fused_us']:.2f}x | {floor:.1f} |")
+    lines.append("\nSingle GPU add + RMSNorm, H=%s bf16, us (copy %.2f TB/s)" % (
+        "first", bw / 1e12))
+    lines.append("| rows | torch eager | torch.compile | Triton | peerdsl | peerdsl % of floor | "
+                 "torch quant | peerdsl quant |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for rows, r in summary["single_gpu"].items():
+        floor = 4 * int(rows) * 6144 * 2 / bw * 1e6
+        lines.append(f"| {rows} | {r['torch_eager']:.2f} | {r.get('torch_compile', float('nan')):.2f}"
+                     f" | {r['triton']:.2f} | {r['peerdsl']:.2f} | {100 * floor / r['peerdsl']:.0f}%"
+                     f" | {r['torch_quant']:.2f} | {r['peerdsl_quant']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, tp in zip(axes, [k for k in summary if k.startswith("tp")]):
+        rows = summary[tp]["rows"]
+        keys = [k for k in rows if k.startswith(k.split(":")[0])]
+        h0 = keys[0].split(":")[0]
+        xs = [int(k.split(":")[1]) for k in rows if k.startswith(h0 + ":")]
+        for name, label in (("ar_us", "all-reduce"), ("rms_us", "add+RMSNorm"),
+                            ("fused_us", "fused dispatch")):
+            ax.plot(xs, [rows[f"{h0}:{x}"][name] for x in xs], marker="o", label=label)
+        ax.plot(xs, [rows[f"{h0}:{x}"]["ar_us"] + rows[f"{h0}:{x}"]["rms_us"] for x in xs],
+                linestyle="--", label="unfused sum")
+        ax.axhline(summary[tp]["null_us"], color="gray", linestyle=":", label="null collective")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{tp.upper()} H={h0} bf16, H200 (ranks share one GPU)")
+        ax.set_xlabel("rows")
+        ax.set_ylabel("us per call (graph)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
