@@ -459,3 +459,24 @@ def test_memory_model_levels():
     old = mem.atomic(other, np.array([a.addr] * 3), lambda o, v: o + v,
                      np.array([1, 1, 1], np.int32), i32)
     assert old.tolist() == [2, 3, 4] and seen(w) == 5
+
+
+@pytest.mark.parametrize("first,second", [(False, True), (True, False)])
+def test_missing_shared_memory_barrier_is_a_race(first, second):
+    from peerdsl.runtime.errors import SimRace
+    from tests.sim_kernels import two_block_sums
+    x = torch.randn(128)
+    with pytest.raises(SimRace, match="twin_scratch"):
+        run1(two_block_sums.trace(first_barrier=first, second_barrier=second), {}, {"x": x},
+             {"out": ((256,), torch.float32)})
+    out = run1(two_block_sums.trace(), {}, {"x": x}, {"out": ((256,), torch.float32)})["out"]
+    assert (out[:128] == out[0]).all() and (out[128:] == out[128]).all()
+    assert torch.allclose(out[0], x.sum(), atol=1e-4)
+
+
+def test_barrier_in_divergent_control_flow_is_an_error():
+    from peerdsl.runtime.errors import SimError
+    from tests.sim_kernels import divergent_barrier
+    run1(divergent_barrier.trace(uniform=True), {}, {}, {"out": ((64,), torch.int32)})
+    with pytest.raises(SimError, match="only some threads"):
+        run1(divergent_barrier.trace(uniform=False), {}, {}, {"out": ((64,), torch.int32)})

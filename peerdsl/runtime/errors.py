@@ -38,6 +38,10 @@ class SimDeadlock(SimError):
         self.waiters = waiters or []
 
 
+class SimRace(SimError):
+    """Two waves of a block touched the same shared memory without a barrier between."""
+
+
 class SimHang(SimError):
     """The launch ran past the simulator's hard cap of scheduler steps."""
 

@@ -180,3 +180,43 @@ def ar_direct(sig: dsl.PeerPtrs[dsl.i32], inp: dsl.PeerPtrs['T'], out: dsl.Ptr['
             acc = [a + b for a, b in zip(acc, v)]
         out.cast(P)[i] = dsl.pack_rne(acc, T)
     s.end()
+
+
+def _reduce_twin(x, first_barrier, second_barrier):
+    """lib.block_reduce written out, with either of its barriers optionally left out."""
+    x = dsl.group_reduce(x, lambda a, b: a + b)
+    scratch = dsl.shared_array("twin_scratch", dsl.f32, 32, reuse=True)
+    if dsl.lane_id() == 0:
+        scratch[dsl.thread_id() >> 5] = x
+    if first_barrier:
+        dsl.barrier()
+    total = scratch[0]
+    for g in range(1, dsl.block_size() // 32):
+        total = total + scratch[g]
+    if second_barrier:
+        dsl.barrier()
+    return total
+
+
+@dsl.kernel(block_size=128)
+def two_block_sums(x: dsl.Ptr[dsl.f32], out: dsl.Ptr[dsl.f32],
+                   first_barrier: dsl.constexpr = True, second_barrier: dsl.constexpr = True):
+    """Two block sums through one shared scratch. Without the first barrier a wave reads
+    partials other waves have not written; without the second the next sum overwrites
+    partials other waves may still be reading. The simulator's race detector flags both."""
+    t = dsl.thread_id()
+    v = x[t]
+    a = _reduce_twin(v, first_barrier, second_barrier)
+    b = _reduce_twin(v * v, first_barrier, second_barrier)
+    out[t] = a
+    out[128 + t] = b
+
+
+@dsl.kernel(block_size=64)
+def divergent_barrier(out: dsl.Ptr[dsl.i32], uniform: dsl.constexpr = True):
+    """A barrier under a condition that is (or is not) the same for the whole block."""
+    t = dsl.thread_id()
+    c = dsl.block_id() == 0 if uniform else t < 32
+    if c:
+        dsl.barrier()
+    out[t] = t

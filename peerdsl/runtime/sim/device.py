@@ -25,6 +25,7 @@ from ..errors import SimError
 from . import numerics as nx
 from .interp import Program, run
 from .memory import Allocation
+from .shared import SharedMemory
 from .scheduler import BlockCtx, Scheduler
 from .weak import WeakMemory
 
@@ -196,7 +197,7 @@ class SimSystem:
         tid = np.arange(lanes, dtype=np.int32)
         gdim = np.full(lanes, grid, np.int32)
         for b in range(grid):
-            smem = Allocation(0, ln.device.index, "shared", max(prog.shared_bytes, 16))
+            smem = SharedMemory(prog.shared_bytes, ln.device.wave_size, prog.smem_names)
             ctx = BlockCtx(self.mem, sched, ln.device.index, b, prog.name, smem)
             r = list(regs)
             bid = np.full(lanes, b, np.int32)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ...dsl import ir
+from ..errors import SimError
 from . import numerics as nx
 from .ops_table import compile_pure
 from .memory import GlobalMemory
@@ -40,10 +41,12 @@ class Program:
         self.specials: list[tuple[int, str]] = []
         self.params = [(p.name, self.slot(p.value), p.type) for p in kernel.params]
         self.smem: list[tuple[int, int]] = []
+        self.smem_names: list[tuple[int, str]] = []
         total = 0
         for op in kernel.shared:
             total = (total + 15) // 16 * 16
             self.smem.append((self.slot(op.result), total))
+            self.smem_names.append((total, op.attrs["name"]))
             total += op.result.type.elem.nbytes * op.attrs["count"]
         self.shared_bytes = total
         self.body, _ = self.region(kernel.body)
@@ -214,6 +217,19 @@ def run(code: Code, r: list, m: np.ndarray | None, ctx: Any) -> Iterator:
 
 # ----------------------------------------------------------------------------- memory
 
+_ARANGE: dict[int, np.ndarray] = {}
+
+
+def _lanes(m, lanes: int) -> np.ndarray:
+    """Indices of the active lanes."""
+    if m is not None:
+        return np.flatnonzero(m)
+    a = _ARANGE.get(lanes)
+    if a is None:
+        a = _ARANGE[lanes] = np.arange(lanes)
+    return a
+
+
 def _scatter(m, vals, lanes: int, dt, count: int):
     if m is None:
         return vals
@@ -243,9 +259,14 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
     acquires = scope in _DRAIN_SCOPES and order in ("acquire", "acq_rel")
     # where a release store lands (weak.py): agent -> the device level, system -> memory
     level = (DEVICE if scope == "agent" else MEMORY) if releases else BLOCK
+    loc = op.loc or "?"
     if name == "barrier":
         def f_barrier(r, m, ctx):
+            if m is not None:
+                raise SimError(f"barrier() at {loc} reached by only some threads of the block "
+                               "(divergent control flow): a hang or undefined on hardware")
             yield op  # workgroup-scope: the block runs in lockstep, nothing to publish
+            ctx.smem.barrier()
         return f_barrier, 2
     if name == "fence":
         def f_fence(r, m, ctx):
@@ -263,10 +284,13 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         dt = nx.np_dtype(t)
         count = t.count if isinstance(t, ir.VectorType) else 0
         o = outs[0]
+        size = dt.itemsize * max(count, 1)
         if shared:
             def f_sload(r, m, ctx):
                 offs = r[p] if m is None else r[p][m]
-                r[o] = _scatter(m, GlobalMemory._read(ctx.smem, offs, dt, count), lanes, dt, count)
+                ctx.smem.read_check(_lanes(m, lanes), offs, size, loc)
+                vals = GlobalMemory._read(ctx.smem.alloc, offs, dt, count)
+                r[o] = _scatter(m, vals, lanes, dt, count)
             return f_sload, 1
 
         plain = scope is None
@@ -286,8 +310,9 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
             def f_sstore(r, m, ctx):
                 offs = r[p] if m is None else r[p][m]
                 v = r[vs] if m is None else r[vs][m]
-                GlobalMemory._write(ctx.smem, offs, np.ascontiguousarray(v).view(np.uint8)
-                                    .reshape(len(offs), -1))
+                data = np.ascontiguousarray(v).view(np.uint8).reshape(len(offs), -1)
+                ctx.smem.write_check(_lanes(m, lanes), offs, data.shape[1], loc)
+                GlobalMemory._write(ctx.smem.alloc, offs, data)
             return f_sstore, 1
 
         def f_store(r, m, ctx):
@@ -313,7 +338,8 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         v = r[val_slot] if m is None else r[val_slot][m]
         c = None if cmp_slot is None else (r[cmp_slot] if m is None else r[cmp_slot][m])
         if shared:
-            old = _shared_atomic(ctx.smem, addrs, fn, v, dt, c)
+            ctx.smem._bytes(_lanes(m, lanes), addrs, dt.itemsize, "atomic")  # bounds
+            old = _shared_atomic(ctx.smem.alloc, addrs, fn, v, dt, c)
         else:
             old = ctx.mem.atomic(ctx, addrs, fn, v, dt, c)
             if acquires:
