@@ -6,9 +6,11 @@ array with the lanes on axis 0. Pure ops run on every lane (values of inactive l
 garbage nobody reads: SSA values do not escape their region except through `yield`); memory
 ops act only on the active lanes of the current mask. Divergent `if` runs both regions under
 complementary masks and merges the yielded values per lane; `for`/`while` iterate while any
-lane is active. `run_block` is a generator: it yields at every global memory op, fence and
+lane is active. `run` is a generator: it yields at every global memory op, fence and
 barrier, and at the back-edge of loops without memory ops, which is where the scheduler
-interleaves blocks of all ranks.
+interleaves blocks of all ranks. Global memory goes through the memory model (weak.py);
+shared memory through the block's race detector (shared.py). A barrier reached by only
+part of the block is an error.
 
 Closures come in three kinds, so the hot loop does no lookups: 0 = pure `f(regs)`,
 1 = needs the block context `f(regs, mask, ctx)`, 2 = generator `f(regs, mask, ctx)`.

@@ -6,8 +6,10 @@ and loop back-edges; one scheduler step resumes one block up to its next yield. 
   * "random" (seeded): each step picks a runnable block at random and runs it for a burst of
     1..B steps (B and the store delays are drawn per seed, from eager to very lazy), and every
     buffered store lands after an independent random delay, so stores of one block become
-    visible out of program order unless a release orders them.
-  * "round_robin": blocks in turn, one step each; a store lands one round later.
+    visible out of program order unless a release orders them; plain loads may be served
+    stale back to the block's last acquire (weak.py).
+  * "round_robin": blocks in turn, one step each; a store lands one round later; loads are
+    never stale (a deterministic, milder schedule: `peerdsl.sim.run(seed=None)`).
   * store_delay=N (either policy): a store lands within N steps (random) / after N steps
     (round robin); 0 makes memory sequentially consistent (to show what the weak model adds).
   * skew (with either): the blocks of rank r are not started before step skew[r].
