@@ -98,17 +98,19 @@ def build(arch: str, ops: list[str] | None = None, out_dir: str = "build",
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
         futs = [ex.submit(compile_cached, op, k, cx, t, use_cache, cache, tr)
                 for (op, k, cx), tr in zip(items, traced)]
+        for f in concurrent.futures.as_completed(futs):  # report progress as it happens
+            if progress:
+                progress(f.result())
         results = [f.result() for f in futs]
     kernels: dict[str, Any] = {}
     for r in results:
-        if r.instance in kernels and kernels[r.instance]["cache_key"] != r.entry["cache_key"]:
-            raise RuntimeError(f"two different kernels share the instance name {r.instance} "
-                               f"(ops {kernels[r.instance]['op']} and {r.entry['op']})")
+        if r.instance in kernels:
+            other = kernels[r.instance]
+            raise RuntimeError(f"instance {r.instance} is built twice (ops {other['op']} and "
+                               f"{r.entry['op']}): register each kernel variant under one op")
         _write(os.path.join(out, r.entry["file"]), r.code)
         _write(os.path.join(out, r.entry["isa_file"]), r.isa)
         kernels[r.instance] = r.entry
-        if progress:
-            progress(r)
     manifest = {"arch": t.arch, "vendor": t.vendor, "wave_size": t.wave_size,
                 "fp8_format": t.fp8_format, "compiler": compiler_versions(),
                 "kernels": dict(sorted(kernels.items()))}
