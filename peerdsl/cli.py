@@ -32,7 +32,8 @@ def subcommand(name: str, help: str, add_args: AddArgs, run: Run) -> None:
 def _build_args(p: argparse.ArgumentParser) -> None:
     from .lowering.targets import supported
     p.add_argument("--arch", required=True, action="append",
-                   help=f"target ({', '.join(supported())}); repeat or comma-separate for several")
+                   help=f"target ({', '.join(supported())}, or all); repeat or comma-separate "
+                   "for several")
     p.add_argument("--ops", default="all", help="'all' or a comma-separated list of op names")
     p.add_argument("-o", "--out", default="build", help="output directory (default: build)")
     p.add_argument("--no-cache", action="store_true", help="recompile everything, bypass the cache")
@@ -44,7 +45,9 @@ def _build_run(args: argparse.Namespace) -> int:
     from .lowering.build import build
     from .lowering.errors import CompileError
     from .lowering.targets import get_target
+    from .lowering.targets import supported
     archs = [a for spec in args.arch for a in spec.split(",") if a]
+    archs = [t for a in archs for t in (supported() if a == "all" else [a])]
     ops = None if args.ops == "all" else [o for o in args.ops.split(",") if o]
     try:
         for arch in archs:
