@@ -36,19 +36,21 @@ def _outcome(tp: int, fn, seed: int) -> bool:
 
 # ----------------------------------------------------------------------------- (a), (c)
 
-def staged_program(sequence: list[tuple[torch.dtype, bool, bool]], npacks: int = 48):
-    """Launch ar_staged once per (dtype, start_barrier, own_counter), checking each result."""
+def staged_program(sequence: list[tuple], npacks: int = 48):
+    """Launch ar_staged once per (dtype, start_barrier, own_counter[, stage_barrier]),
+    checking each result."""
     def fn(comm):
         gen = torch.Generator().manual_seed(comm.rank)
         stage = [m + comm.staging_offset for m in comm.peer_meta]
         ctr = comm.alloc((256,), torch.int32, "own_counters")
         ok = True
-        for dtype, start_barrier, own in sequence:
+        for dtype, start_barrier, own, *rest in sequence:
             T = dsl.dtype_of(dtype)
+            stage_barrier = rest[0] if rest else True
             x = torch.randn(npacks * 8, generator=gen).to(dtype)
             xb, out = comm.to_device(x), comm.alloc((npacks * 8,), dtype)
             comm.launch(ar_staged, dict(T=T, world=comm.world, start_barrier=start_barrier,
-                                        own_counter=own), 2,
+                                        own_counter=own, stage_barrier=stage_barrier), 2,
                         dict(sig=comm.peer_signals, stage=stage, inp=xb, out=out, ctr=ctr,
                              rank=comm.rank, npacks=npacks))
             ref = _allreduce_ref(comm.exchange(x), dtype)
@@ -66,6 +68,11 @@ def _first_failure(tp: int, fn, seeds: int) -> int | None:
 
 def test_a_missing_start_barrier_is_caught():
     fn = staged_program([(torch.bfloat16, False, False)] * 3)
+    assert _first_failure(4, fn, BROKEN_SEEDS) is not None
+
+
+def test_a_release_by_one_wave_without_a_block_barrier_is_caught():
+    fn = staged_program([(torch.bfloat16, True, False, False)] * 3)
     assert _first_failure(4, fn, BROKEN_SEEDS) is not None
 
 

@@ -2,6 +2,9 @@
 
 Each protocol bug the simulator must catch (tests/test_sim_protocols.py):
   (a) `ar_staged(start_barrier=False)`: reads peers' staged inputs without the start barrier.
+      `ar_staged(stage_barrier=False)`: has the start barrier, but no block barrier between
+      every wave's staging stores and wave 0's release in it: other waves' packs may land
+      after the peers were let in.
   (b) `flag_publish(release=False)`: data and flag both relaxed; the flag may land first.
       `flag_publish(acquire=False)`: the reader polls the flag relaxed, so its plain data
       loads are not ordered after the flag and may return old data.
@@ -32,7 +35,7 @@ class OwnCounterSignal(dsl.Signal):
 def ar_staged(sig: dsl.PeerPtrs[dsl.i32], stage: dsl.PeerPtrs['T'], inp: dsl.Ptr['T'],
               out: dsl.Ptr['T'], ctr: dsl.Ptr[dsl.i32], rank: dsl.i32, npacks: dsl.i32,
               T: dsl.constexpr, world: dsl.constexpr, start_barrier: dsl.constexpr = True,
-              own_counter: dsl.constexpr = False):
+              own_counter: dsl.constexpr = False, stage_barrier: dsl.constexpr = True):
     """One-stage all-reduce through a staging buffer: stage own input, start barrier, sum the
     peers' staged packs in rank order, end barrier (staging may be overwritten after it)."""
     if own_counter:
@@ -45,6 +48,8 @@ def ar_staged(sig: dsl.PeerPtrs[dsl.i32], stage: dsl.PeerPtrs['T'], inp: dsl.Ptr
     for i in range(first, npacks, step):
         stage[rank].cast(P)[i] = inp.cast(P)[i]
     if start_barrier:
+        if stage_barrier:
+            dsl.barrier()  # every wave's staged packs before wave 0's release (cumulativity)
         s.start()
     for i in range(first, npacks, step):
         acc = stage[0].cast(P)[i].to_f32()

@@ -17,6 +17,7 @@ class SimCollectiveComm(SimCommunicator, Collectives):
     """`peerdsl.sim.run`'s communicator: all_reduce, all_gather, fused_allreduce_rmsnorm, ..."""
 
     max_grid = 4  # blocks per launch: enough to exercise several blocks, small enough to be fast
+    max_local_grid = 4
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -232,6 +232,13 @@ def _lanes(m, lanes: int) -> np.ndarray:
     return a
 
 
+def _waves(m, lanes: int, ctx: Any) -> set | None:
+    """The waves with an active lane (None: every wave)."""
+    if m is None:
+        return None
+    return set((np.flatnonzero(m) // ctx.wave).tolist())
+
+
 def _scatter(m, vals, lanes: int, dt, count: int):
     if m is None:
         return vals
@@ -267,14 +274,15 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
             if m is not None:
                 raise SimError(f"barrier() at {loc} reached by only some threads of the block "
                                "(divergent control flow): a hang or undefined on hardware")
-            yield op  # workgroup-scope: the block runs in lockstep, nothing to publish
+            yield op
             ctx.smem.barrier()
+            ctx.mem.block_barrier(ctx)  # cumulativity: any wave's later release publishes
         return f_barrier, 2
     if name == "fence":
         def f_fence(r, m, ctx):
             yield op
             if releases:
-                ctx.mem.drain(ctx, scope)
+                ctx.mem.drain(ctx, scope, _waves(m, lanes, ctx))
             if acquires:
                 ctx.acq_time = ctx.sched.now
         return f_fence, 2
@@ -320,10 +328,10 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         def f_store(r, m, ctx):
             yield op
             if releases:
-                ctx.mem.drain(ctx, scope)
+                ctx.mem.drain(ctx, scope, _waves(m, lanes, ctx))
             addrs = r[p] if m is None else r[p][m]
             v = r[vs] if m is None else r[vs][m]
-            ctx.mem.store(ctx, addrs, v, level)
+            ctx.mem.store(ctx, addrs, v, level, _lanes(m, lanes) // ctx.wave)
         return f_store, 2
     # atomic / cas
     dt = nx.np_dtype(op.result.type)
@@ -335,7 +343,7 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         if not shared:
             yield op
             if releases:
-                ctx.mem.drain(ctx, scope)
+                ctx.mem.drain(ctx, scope, _waves(m, lanes, ctx))
         addrs = r[p] if m is None else r[p][m]
         v = r[val_slot] if m is None else r[val_slot][m]
         c = None if cmp_slot is None else (r[cmp_slot] if m is None else r[cmp_slot][m])

@@ -53,6 +53,7 @@ class BlockCtx:
         self.regs: list | None = None
         self.start = 0
         self.acq_time = 0            # step of its last acquire: plain loads read no older
+        self.wave = getattr(smem, "wave", 32)  # lanes per wave of the device's target
 
     def clock(self) -> int:
         return self.sched.now * NS_PER_STEP

@@ -7,11 +7,14 @@ three levels, like a GPU's write path:
           other ranks, whatever memory the store targets;
   MEMORY  seen by everyone.
 An entry moves on when the scheduler's random (or round-robin) delay for it expires, in any
-order (a later relaxed flag may land before earlier data), or when the block orders it:
-  * release (store, atomic, fence) at agent scope: the block's buffer moves to DEVICE, and an
+order (a later relaxed flag may land before earlier data), or when the block orders it.
+A release orders the stores of the releasing wave(s) and, through a block barrier, the
+stores every wave made before that barrier (so a flag raised by thread 0 without a barrier
+after the other waves' data stores does not publish their data):
+  * release (store, atomic, fence) at agent scope: those entries move to DEVICE, and an
     agent-release store itself lands at DEVICE;
   * release at system scope: the device level of the block's device (L2 write-back) and then
-    the block's buffer go to MEMORY; the release store itself goes to MEMORY;
+    those entries go to MEMORY; the release store itself goes to MEMORY;
   * workgroup/wave scope and block barriers order nothing beyond the block (the block runs in
     lockstep, so they need nothing inside it); the end of a launch publishes everything.
 Same-location order (coherence) is kept: an entry lands after the earlier entries of its
@@ -41,9 +44,11 @@ _PAGE_SHIFT = 12  # the write log is indexed by 4 KiB pages
 
 class Entry:
     """One store of one block: the bytes of its active lanes into one allocation."""
-    __slots__ = ("alloc", "starts", "data", "lo", "hi", "state", "ctx", "dev", "vtime")
+    __slots__ = ("alloc", "starts", "data", "lo", "hi", "state", "ctx", "dev", "vtime",
+                 "wave", "fenced")
 
-    def __init__(self, alloc: Allocation, starts: np.ndarray, data: np.ndarray, ctx: Any):
+    def __init__(self, alloc: Allocation, starts: np.ndarray, data: np.ndarray, ctx: Any,
+                 wave: int = -1):
         self.alloc = alloc
         self.starts = starts          # int64 byte offsets, one per lane
         self.data = data              # uint8 [lanes, nbytes]
@@ -53,6 +58,9 @@ class Entry:
         self.ctx = ctx
         self.dev = ctx.rank           # whose device level it passes through
         self.vtime: int | None = None  # when it reached DEVICE (for the write log)
+        self.wave = wave              # the wave that stored it
+        self.fenced = False           # a block barrier came after it: any wave's release
+                                      # publishes it (cumulativity through the barrier)
 
     def overlaps(self, a: Allocation, lo: int, hi: int) -> bool:
         return self.alloc is a and self.lo < hi and lo < self.hi
@@ -140,8 +148,10 @@ class WeakMemory(GlobalMemory):
         return vals
 
     # ------------------------------------------------------------------ stores
-    def store(self, ctx: Any, addrs: np.ndarray, vals: np.ndarray, level: int) -> None:
-        """A store landing at `level` (BLOCK: buffered; DEVICE: agent release; MEMORY)."""
+    def store(self, ctx: Any, addrs: np.ndarray, vals: np.ndarray, level: int,
+              waves: np.ndarray | None = None) -> None:
+        """A store landing at `level` (BLOCK: buffered; DEVICE: agent release; MEMORY).
+        `waves`: the wave of each active lane; a buffered store is one entry per wave."""
         data = bytes_of(vals, len(addrs))
         for a, sel, offs in self._groups(addrs, data.shape[1], "store"):
             d = data if sel is None else data[sel]
@@ -150,12 +160,25 @@ class WeakMemory(GlobalMemory):
                 self._write_logged(ctx, a, offs, d, None)
                 self.writes += 1
                 continue
-            e = Entry(a, offs, d, ctx)
-            if level == BLOCK:
-                ctx.pending.append(e)
+            w = None if waves is None else (waves if sel is None else waves[sel])
+            if level == BLOCK and w is not None and w[0] != w[-1]:
+                parts = [(int(k), w == k) for k in np.unique(w)]
             else:
-                self._to_device(e)
-            self.on_buffer(ctx, e)
+                parts = [(-1 if w is None else int(w[0]), None)]
+            for wave, part in parts:
+                e = Entry(a, offs if part is None else offs[part],
+                          d if part is None else d[part], ctx, wave)
+                if level == BLOCK:
+                    ctx.pending.append(e)
+                else:
+                    self._to_device(e)
+                self.on_buffer(ctx, e)
+
+    def block_barrier(self, ctx: Any) -> None:
+        """A block barrier: what any wave stored before it, a later release of any wave
+        publishes."""
+        for p in ctx.pending:
+            p.fenced = True
 
     def _to_device(self, e: Entry) -> None:
         e.state = DEVICE
@@ -225,21 +248,26 @@ class WeakMemory(GlobalMemory):
                 if p.state == DEVICE and p.overlaps(a, lo, hi):
                     self._commit(p)
 
-    def drain(self, ctx: Any, scope: str = "system") -> None:
-        """Release at `scope` by block ctx (see the module docstring)."""
-        if scope == "agent":
-            for p in ctx.pending:
-                if p.state == BLOCK:
-                    self._to_device(p)
-        else:
+    def drain(self, ctx: Any, scope: str = "system", waves: set | None = None) -> None:
+        """Release at `scope` by the `waves` of block ctx (None: all of them): their own
+        pending stores and those before a block barrier move on; other waves' stay."""
+        keep = []
+        if scope != "agent":
             level = self.device_pending.pop(ctx.rank, [])
             for p in level:
                 if p.state == DEVICE:
                     self._commit(p)
-            for p in ctx.pending:
-                if p.state == BLOCK:
+        for p in ctx.pending:
+            if p.state != BLOCK:
+                continue
+            if waves is None or p.fenced or p.wave in waves or p.wave < 0:
+                if scope == "agent":
+                    self._to_device(p)
+                else:
                     self._commit(p)
-        ctx.pending.clear()
+            else:
+                keep.append(p)
+        ctx.pending[:] = keep
 
     # ------------------------------------------------------------------ atomics
     def atomic(self, ctx: Any, addrs: np.ndarray, fn: Callable[[np.ndarray, np.ndarray],
