@@ -135,10 +135,10 @@ def _torch_quant(torch, x, q, scale):
 
 
 def copy_bandwidth(torch, dev) -> float:
-    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    a = torch.ones(1 << 28, dtype=torch.float32, device=dev)  # 1 GiB, vectorized copy
     b = torch.empty_like(a)
     us = graph_time_us(torch, lambda: b.copy_(a), dev)
-    return 2 * a.numel() / (us * 1e-6)  # bytes read + written per second
+    return 2 * a.numel() * 4 / (us * 1e-6)  # bytes read + written per second
 
 
 # ----------------------------------------------------------------------------- ranks
@@ -176,12 +176,31 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
                     t0 = time.perf_counter()
                     comm.fused_allreduce_rmsnorm(x, res, w)
                     t.append((time.perf_counter() - t0) * 1e6)
+                    torch.cuda.synchronize(dev)
                     dist.barrier()
                 result["host_us"] = statistics.median(t)
+                if rank == 0:
+                    result["host_profile"] = _profile(lambda: comm.fused_allreduce_rmsnorm(
+                        x, res, w), lambda: (torch.cuda.synchronize(dev), dist.barrier()))
             result["rows"][f"{hidden}:{rows}"] = r
     torch.cuda.synchronize(dev)
     dist.barrier()
     return result
+
+
+def _profile(call, settle) -> str:
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    for _ in range(50):
+        prof.enable()
+        call()
+        prof.disable()
+        settle()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    return text.getvalue()[-4000:]
 
 
 def main() -> int:
@@ -228,6 +247,8 @@ def main() -> int:
     with open(path, "w") as f:
         json.dump(summary, f, indent=1)
     print(report(summary))
+    for tp in [k for k in summary if k.startswith("tp")]:
+        print(f"host profile {tp}:\n{summary[tp].get('host_profile', '')}")
     plot(summary, os.path.splitext(path)[0] + ".png")
     return 0
 
@@ -235,7 +256,8 @@ def main() -> int:
 def merge(reps: list[dict]) -> dict:
     """Max over ranks of every per-rank median."""
     out = {"null_us": max(r["null_us"] for r in reps),
-           "host_us": max(r.get("host_us", 0) for r in reps), "rows": {}}
+           "host_us": max(r.get("host_us", 0) for r in reps),
+           "host_profile": reps[0].get("host_profile", ""), "rows": {}}
     for key, first in reps[0]["rows"].items():
         out["rows"][key] = {k: (max(r["rows"][key][k] for r in reps) if k.endswith("_us")
                                 else first[k]) for k in first}

@@ -1,8 +1,8 @@
 """LL all-reduce (SPEC section 3), for inputs up to the LL cap (4 MiB).
 
-Each thread takes one 16-byte pack of this rank's input, read in place, and pushes it as two
+Each thread takes 16-byte packs of this rank's input, read in place, and pushes each as two
 LL lines {data0, epoch, data1, epoch} into every rank's scratch (bank = epoch parity, region
-of the source rank). Then it reads the lines of every rank for the same pack from its own
+of the source rank). Then it reads the lines of every rank for the same packs from its own
 scratch, accepts a line once both flags equal the epoch, and sums in rank order.
 
 The epoch is one device-side word of the Signal, shared by every LL launch and advanced once
@@ -37,6 +37,8 @@ def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtr
     bank_base = (epoch & 1) * (W * lines_per_peer)
     src = x.cast(dsl.i32x4)
     P = dsl.vec16(T)
+    # push every pack first, then collect: a thread never waits for peers between its
+    # packs, so the latency of a round trip is paid once per launch, not once per pack
     for i in range(global_thread(), n_packs, grid_threads()):
         words = src[i]
         first = dsl.pack([words[0], epoch, words[1], epoch], dsl.i32)
@@ -46,7 +48,8 @@ def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtr
             lines = ll[r].cast(dsl.i32x4)
             dsl.store(lines + slot, first, "system", "relaxed")
             dsl.store(lines + (slot + 1), second, "system", "relaxed")
-        mine = ll[rank].cast(dsl.i32x4)
+    mine = ll[rank].cast(dsl.i32x4)
+    for i in range(global_thread(), n_packs, grid_threads()):
         acc = []
         for r in range(W):
             at = bank_base + r * lines_per_peer + 2 * i

@@ -180,7 +180,7 @@ class Collectives:
 
     def _launch_add_rmsnorm(self, x_addr, residual, weight, eps, flags, bufs, rows, hidden, T):
         self._launch("add_rmsnorm", {"T": T, "H": hidden, "FP8": self.fp8_format},
-                     min(rows, self.max_grid), dict(
+                     self._local_grid(rows), dict(
                          x=x_addr, residual=self._dev(residual), weight=self._dev(weight),
                          rows=rows, eps=float(eps), flags=flags, **bufs), local=True)
 
@@ -194,7 +194,7 @@ class Collectives:
         scale = self._new((rows, 1), torch.float32)
         self._launch("per_token_quant_fp8",
                      {"T": DTYPES[x.dtype], "H": hidden, "FP8": self.fp8_format},
-                     min(rows, self.max_grid),
+                     self._local_grid(rows),
                      {"x": self._dev(x), "q": q, "scale": scale, "rows": rows}, local=True)
         return (self._get(q, (rows, hidden), torch.int8).view(FP8_DTYPES[self.fp8_format]),
                 self._get(scale, (rows, 1), torch.float32))
@@ -239,6 +239,11 @@ class Collectives:
         return result
 
     # ------------------------------------------------------------------ helpers
+    max_local_grid = 65535  # local kernels need no co-residency: one block per row
+
+    def _local_grid(self, rows: int) -> int:
+        return max(1, min(rows, self.max_local_grid))
+
     def _grid(self, work_items: int) -> int:
         threads = 256
         return max(1, min((work_items + threads - 1) // threads, self.max_grid,
