@@ -1,0 +1,83 @@
+// Reference HIP kernel: LL all-reduce, bf16 (SPEC 3). Hand-written twin of
+// peerdsl/ops/allreduce_ll.py: same line format {data0, epoch, data1, epoch}, banks by epoch
+// parity, one LL epoch word shared by every launch and advanced by the last block to finish,
+// input read in place, all packs pushed before any is collected, sums in rank order.
+// Builds for gfx1250 (clang -x hip) and sm_90 (nvcc).
+#include "ref_common.h"
+
+#pragma clang fp contract(off)
+
+constexpr int BLOCK = 256;
+
+// spin (bounded) until both flag words of the 16-byte line equal the epoch
+__device__ __forceinline__ i32x4 wait_line(const gvec* line, int epoch, gint* me, int rank) {
+  int limit = me[REF_SIG_SPIN_LIMIT];
+  i32x4 v = ref_ld_volatile(line);
+  for (int n = 0; (v.y != epoch || v.w != epoch) && n < limit; ++n) v = ref_ld_volatile(line);
+  if (v.y != epoch || v.w != epoch) record_error(me, rank, WAIT_LL, epoch, v.y);
+  return v;
+}
+
+// the 4 bf16 data values of a line: the low and high halves of words 0 and 2
+__device__ __forceinline__ void line_values(i32x4 v, float* f) {
+  f[0] = bf_lo((unsigned)v.x); f[1] = bf_hi((unsigned)v.x);
+  f[2] = bf_lo((unsigned)v.z); f[3] = bf_hi((unsigned)v.z);
+}
+
+template <int W>
+__device__ __forceinline__ void ll_body(const hip_bfloat16* x, hip_bfloat16* out,
+                                        const Peers<int>& sig, const Peers<int>& ll, int rank,
+                                        int n_packs, int lines_per_peer) {
+  gint* me = sig.p[rank];
+  const int epoch = me[REF_SIG_LL_EPOCH] + 1;
+  const int bank_base = (epoch & 1) * (W * lines_per_peer);
+  const int grid_threads = ref_num_blocks(BLOCK) * BLOCK;
+  const gvec* mine = (const gvec*)ll.p[rank];
+  const int first_i = ref_block_id() * BLOCK + ref_thread_id();
+  // push every pack first, then collect: a thread never waits for peers between its packs
+  for (int i = first_i; i < n_packs; i += grid_threads) {
+    const i32x4 words = ((const gvec*)x)[i];
+    const i32x4 first = ref_i32x4(words.x, epoch, words.y, epoch);
+    const i32x4 second = ref_i32x4(words.z, epoch, words.w, epoch);
+    const int slot = bank_base + rank * lines_per_peer + 2 * i;
+    for (int r = 0; r < W; ++r) {
+      gvec* lines = (gvec*)ll.p[r];
+      ref_st_volatile(lines + slot, first);
+      ref_st_volatile(lines + (slot + 1), second);
+    }
+  }
+  for (int i = first_i; i < n_packs; i += grid_threads) {
+    F8 acc;
+    for (int r = 0; r < W; ++r) {
+      const int at = bank_base + r * lines_per_peer + 2 * i;
+      float v[8];
+      line_values(wait_line(mine + at, epoch, me, rank), v);
+      line_values(wait_line(mine + (at + 1), epoch, me, rank), v + 4);
+      for (int j = 0; j < 8; ++j) {
+        if (r == 0) acc.v[j] = v[j];  // from x_0, not 0 + x_0 (keeps a -0 sum)
+        else acc.v[j] = acc.v[j] + v[j];
+      }
+    }
+    ((gvec*)out)[i] = pack_rne(acc);
+  }
+  __syncthreads();
+  if (ref_thread_id() == 0) {
+    int done = __hip_atomic_fetch_add(me + REF_SIG_LL_DONE, 1, __ATOMIC_ACQ_REL,
+                                      __HIP_MEMORY_SCOPE_AGENT);
+    if (done == ref_num_blocks(BLOCK) - 1) {  // every block of this launch has read the epoch
+      __hip_atomic_store(me + REF_SIG_LL_DONE, 0, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+      __hip_atomic_store(me + REF_SIG_LL_EPOCH, epoch, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+    }
+  }
+}
+
+// allreduce_ll_bf16_w<W>
+#define REF_LL(W)                                                                             \
+  extern "C" __global__ REF_LAUNCH_BOUNDS(256) void allreduce_ll_bf16_w##W(                  \
+      const hip_bfloat16* x, hip_bfloat16* out, REF_GRID_CONST Peers<int> sig,               \
+      REF_GRID_CONST Peers<int> ll, int rank, int n_packs, int lines_per_peer) {             \
+    ll_body<W>(x, out, sig, ll, rank, n_packs, lines_per_peer);                              \
+  }
+REF_LL(2)
+REF_LL(4)
+REF_LL(8)
