@@ -232,11 +232,11 @@ def _lanes(m, lanes: int) -> np.ndarray:
     return a
 
 
-def _waves(m, lanes: int, ctx: Any) -> set | None:
+def _waves(m, lanes: int, ctx: Any) -> list | None:
     """The waves with an active lane (None: every wave)."""
     if m is None:
         return None
-    return set((np.flatnonzero(m) // ctx.wave).tolist())
+    return np.unique(np.flatnonzero(m) // ctx.wave).tolist()
 
 
 def _scatter(m, vals, lanes: int, dt, count: int):

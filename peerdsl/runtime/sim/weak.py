@@ -45,10 +45,10 @@ _PAGE_SHIFT = 12  # the write log is indexed by 4 KiB pages
 class Entry:
     """One store of one block: the bytes of its active lanes into one allocation."""
     __slots__ = ("alloc", "starts", "data", "lo", "hi", "state", "ctx", "dev", "vtime",
-                 "wave", "fenced")
+                 "waves", "fenced")
 
     def __init__(self, alloc: Allocation, starts: np.ndarray, data: np.ndarray, ctx: Any,
-                 wave: int = -1):
+                 waves: np.ndarray | None = None):
         self.alloc = alloc
         self.starts = starts          # int64 byte offsets, one per lane
         self.data = data              # uint8 [lanes, nbytes]
@@ -58,7 +58,7 @@ class Entry:
         self.ctx = ctx
         self.dev = ctx.rank           # whose device level it passes through
         self.vtime: int | None = None  # when it reached DEVICE (for the write log)
-        self.wave = wave              # the wave that stored it
+        self.waves = waves            # the wave of each lane (None: any release orders it)
         self.fenced = False           # a block barrier came after it: any wave's release
                                       # publishes it (cumulativity through the barrier)
 
@@ -91,6 +91,7 @@ class WeakMemory(GlobalMemory):
         self.history: dict[tuple[int, int], tuple[list[int], list[Record]]] = {}
         self._logged: set[int] = set()
         self._seq = 0
+        self._flushes = 0
 
     def reset_launch(self, stale_time: Callable[[Any], int] | None) -> None:
         self.stale_time = stale_time
@@ -151,7 +152,7 @@ class WeakMemory(GlobalMemory):
     def store(self, ctx: Any, addrs: np.ndarray, vals: np.ndarray, level: int,
               waves: np.ndarray | None = None) -> None:
         """A store landing at `level` (BLOCK: buffered; DEVICE: agent release; MEMORY).
-        `waves`: the wave of each active lane; a buffered store is one entry per wave."""
+        `waves`: the wave of each active lane (a release by some waves splits the entry)."""
         data = bytes_of(vals, len(addrs))
         for a, sel, offs in self._groups(addrs, data.shape[1], "store"):
             d = data if sel is None else data[sel]
@@ -160,19 +161,13 @@ class WeakMemory(GlobalMemory):
                 self._write_logged(ctx, a, offs, d, None)
                 self.writes += 1
                 continue
-            w = None if waves is None else (waves if sel is None else waves[sel])
-            if level == BLOCK and w is not None and w[0] != w[-1]:
-                parts = [(int(k), w == k) for k in np.unique(w)]
+            w = None if waves is None or level != BLOCK else (waves if sel is None else waves[sel])
+            e = Entry(a, offs, d, ctx, w)
+            if level == BLOCK:
+                ctx.pending.append(e)
             else:
-                parts = [(-1 if w is None else int(w[0]), None)]
-            for wave, part in parts:
-                e = Entry(a, offs if part is None else offs[part],
-                          d if part is None else d[part], ctx, wave)
-                if level == BLOCK:
-                    ctx.pending.append(e)
-                else:
-                    self._to_device(e)
-                self.on_buffer(ctx, e)
+                self._to_device(e)
+            self.on_buffer(ctx, e)
 
     def block_barrier(self, ctx: Any) -> None:
         """A block barrier: what any wave stored before it, a later release of any wave
@@ -218,7 +213,8 @@ class WeakMemory(GlobalMemory):
                 if p.state == BLOCK and p.overlaps(e.alloc, e.lo, e.hi):
                     self._to_memory(p)
             self._to_memory(e)
-            if len(ctx.pending) > 32:
+            self._flushes += 1
+            if len(ctx.pending) > 32 and self._flushes % 16 == 0:
                 ctx.pending[:] = [p for p in ctx.pending if p.state == BLOCK]
         elif e.state == DEVICE:
             level = self.device_pending[e.dev]
@@ -228,7 +224,8 @@ class WeakMemory(GlobalMemory):
                 if p.state == DEVICE and p.overlaps(e.alloc, e.lo, e.hi):
                     self._commit(p)
             self._commit(e)
-            if len(level) > 32:
+            self._flushes += 1
+            if len(level) > 32 and self._flushes % 16 == 0:
                 level[:] = [p for p in level if p.state == DEVICE]
 
     def _to_memory(self, e: Entry) -> None:
@@ -248,7 +245,7 @@ class WeakMemory(GlobalMemory):
                 if p.state == DEVICE and p.overlaps(a, lo, hi):
                     self._commit(p)
 
-    def drain(self, ctx: Any, scope: str = "system", waves: set | None = None) -> None:
+    def drain(self, ctx: Any, scope: str = "system", waves: list | None = None) -> None:
         """Release at `scope` by the `waves` of block ctx (None: all of them): their own
         pending stores and those before a block barrier move on; other waves' stay."""
         keep = []
@@ -257,16 +254,32 @@ class WeakMemory(GlobalMemory):
             for p in level:
                 if p.state == DEVICE:
                     self._commit(p)
+        move = []
         for p in ctx.pending:
             if p.state != BLOCK:
                 continue
-            if waves is None or p.fenced or p.wave in waves or p.wave < 0:
-                if scope == "agent":
-                    self._to_device(p)
-                else:
-                    self._commit(p)
-            else:
+            if waves is None or p.fenced or p.waves is None:
+                move.append(p)
+                continue
+            mine = np.isin(p.waves, waves)
+            if mine.all():
+                move.append(p)
+            elif not mine.any():
                 keep.append(p)
+            else:  # lanes of the releasing waves go, the others stay behind
+                part = Entry(p.alloc, p.starts[mine], p.data[mine], ctx, None)
+                rest = ~mine
+                p.starts, p.data, p.waves = p.starts[rest], p.data[rest], p.waves[rest]
+                p.lo, p.hi = int(p.starts.min()), int(p.starts.max()) + p.data.shape[1]
+                move.append(part)
+                keep.append(p)
+                if scope == "agent":
+                    self.on_buffer(ctx, part)  # the split-off part needs its own landing time
+        for p in move:
+            if scope == "agent":
+                self._to_device(p)
+            else:
+                self._commit(p)
         ctx.pending[:] = keep
 
     # ------------------------------------------------------------------ atomics
