@@ -6,7 +6,8 @@ each rank is ordinary Python; every *collective* call (`launch`, `register`, `ex
 launches of all ranks together under one scheduler), then every rank continues with its own
 result or error. All ranks must make the same sequence of collective calls.
 Collective ops (all_reduce, fused_allreduce_rmsnorm, ...) are added on top of this API by
-subclassing SimCommunicator and passing `comm_cls=` to `peerdsl.sim.run` / `SimJob`.
+subclassing SimCommunicator and passing `comm_cls=` to `peerdsl.sim.run` / `SimJob`
+(`peerdsl.sim.run` defaults to collective_comm.SimCollectiveComm).
 
 API of `SimCommunicator` (attributes, then methods):
     rank, world: int
@@ -29,8 +30,10 @@ API of `SimCommunicator` (attributes, then methods):
         blocks run together. `kernel` is a dsl Kernel (traced with `constexprs`) or an
         ir.Kernel. `args`: name -> int / float / address / DeviceBuffer, or a list of
         addresses for a PeerPtrs parameter. `delay`: this rank starts that many scheduler
-        steps late (on top of the job's skew); None uses `comm.delay`. After the launch each rank reads its
-        Signal error record and raises `CollectiveTimeout` if a spin expired.
+        steps late (on top of the job's skew); None uses `comm.delay`. After the launch
+        each rank reads its Signal error record and raises `CollectiveTimeout` if a spin
+        expired. Simulator errors (SimDeadlock, SimHang, SimMemoryFault, SimRace, ...)
+        are raised on every rank.
     launch_local(kernel, constexprs, grid, args, seed=None) -> None
         this rank alone, no rendezvous (scheduled like the job's launches unless seeded)
     delay: int                         default start delay (scheduler steps) of this rank's
