@@ -10,18 +10,9 @@ import pytest
 import torch
 
 import peerdsl.dsl as dsl
-from peerdsl.runtime.sim import SimSystem
+from sim_kernels import run1
 
 N = 256
-
-
-def run1(kernel, args: dict, inputs: dict, outputs: dict, grid: int = 1, seed=None):
-    """Launch on one simulated device; inputs: name -> tensor; outputs: name -> (shape, dtype)."""
-    dev = SimSystem(1).devices[0]
-    bufs = {k: dev.to_device(v) for k, v in inputs.items()}
-    bufs.update({k: dev.alloc_tensor(s, d) for k, (s, d) in outputs.items()})
-    dev.launch(kernel, grid, {**args, **bufs}, seed=seed)
-    return {k: dev.to_torch(bufs[k]) for k in outputs}
 
 
 def _f32_edge_values(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import torch
 import peerdsl.dsl as dsl
 import peerdsl.sim
 from peerdsl.runtime.errors import CollectiveTimeout
-from tests.sim_kernels import ar_staged, flag_publish, flag_publish_local, ll_allreduce
+from sim_kernels import ar_staged, flag_publish, flag_publish_local, ll_allreduce
 
 BROKEN_SEEDS = 50
 CORRECT_SEEDS = int(os.environ.get("PEERDSL_SIM_SEEDS", "100"))

@@ -11,7 +11,7 @@ import peerdsl.sim
 from peerdsl import layout
 from peerdsl.runtime.errors import CollectiveTimeout, SimDeadlock, SimHang, SimMemoryFault
 from peerdsl.runtime.sim import SimSystem
-from tests.test_sim_interp import run1
+from sim_kernels import run1
 
 
 # ----------------------------------------------------------------------------- memory
@@ -212,7 +212,7 @@ def test_memory_model_levels():
 @pytest.mark.parametrize("first,second", [(False, True), (True, False)])
 def test_missing_shared_memory_barrier_is_a_race(first, second):
     from peerdsl.runtime.errors import SimRace
-    from tests.sim_kernels import two_block_sums
+    from sim_kernels import two_block_sums
     x = torch.randn(128)
     with pytest.raises(SimRace, match="twin_scratch"):
         run1(two_block_sums.trace(first_barrier=first, second_barrier=second), {}, {"x": x},
@@ -224,7 +224,7 @@ def test_missing_shared_memory_barrier_is_a_race(first, second):
 
 def test_barrier_in_divergent_control_flow_is_an_error():
     from peerdsl.runtime.errors import SimError
-    from tests.sim_kernels import divergent_barrier
+    from sim_kernels import divergent_barrier
     run1(divergent_barrier.trace(uniform=True), {}, {}, {"out": ((64,), torch.int32)})
     with pytest.raises(SimError, match="only some threads"):
         run1(divergent_barrier.trace(uniform=False), {}, {}, {"out": ((64,), torch.int32)})

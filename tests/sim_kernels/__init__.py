@@ -17,9 +17,21 @@ Each protocol bug the simulator must catch (tests/test_sim_protocols.py):
   (d) `ll_allreduce(shared_epoch=False)`: LL lines accepted by a per-block epoch; when the
       grid size changes between launches a block's epoch repeats one a peer's line already
       carries in that bank, and a stale line is accepted.
+Also shared-memory and barrier twins (`two_block_sums`, `divergent_barrier`), the benchmark
+kernel `ar_direct`, and `run1`, a one-device launch helper for the tests.
 """
 import peerdsl.dsl as dsl
 from peerdsl import layout
+from peerdsl.runtime.sim import SimSystem
+
+
+def run1(kernel, args: dict, inputs: dict, outputs: dict, grid: int = 1, seed=None):
+    """Launch on one simulated device; inputs: name -> tensor; outputs: name -> (shape, dtype)."""
+    dev = SimSystem(1).devices[0]
+    bufs = {k: dev.to_device(v) for k, v in inputs.items()}
+    bufs.update({k: dev.alloc_tensor(s, d) for k, (s, d) in outputs.items()})
+    dev.launch(kernel, grid, {**args, **bufs}, seed=seed)
+    return {k: dev.to_torch(bufs[k]) for k in outputs}
 
 
 class OwnCounterSignal(dsl.Signal):

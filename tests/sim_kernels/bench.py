@@ -5,7 +5,7 @@ import torch
 
 import peerdsl.dsl as dsl
 import peerdsl.sim
-from tests.sim_kernels import ar_direct
+from . import ar_direct
 
 ROWS, H, TP, GRID = 64, 6144, 4, 4
 
