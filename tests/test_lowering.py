@@ -86,7 +86,8 @@ def test_launch_bounds_reach_the_code_object():
     for arch in AMD:
         _, meta = codeobject.amd_metadata(compiled("features", arch).binary)
         assert meta["amdhsa.kernels"][0][".max_flat_workgroup_size"] == 128
-    assert ".maxntid 128, 1, 1" in compiled("features", "sm_90").isa
+    ptx = compiled("features", "sm_90").isa
+    assert ".maxntid 128, 1, 1" in ptx and ".minnctapersm 4" in ptx  # >= 128 regs a thread
 
 
 def test_peer_table_is_eight_pointer_params():
