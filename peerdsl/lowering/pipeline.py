@@ -164,7 +164,12 @@ def _convert(t: Target) -> str:
 
 
 def _run_mlir(c: Compiled, binaries: dict[str, str]) -> dict[str, bytes]:
-    resp = POOL.request({"mlir": c.mlir, "convert": _convert(c.target), "binaries": binaries})
+    try:
+        resp = POOL.request({"mlir": c.mlir, "convert": _convert(c.target),
+                             "binaries": binaries})
+    except CompileError as e:  # the worker crashed: say which kernel did it
+        raise CompileError(f"compiling {c.kernel.name} ({c.symbol}) for {c.target.arch}: "
+                           f"{e}") from None
     if not resp.get("ok"):
         raise CompileError(f"compiling {c.kernel.name} ({c.symbol}) for {c.target.arch} "
                            f"failed:\n{_source_error(resp.get('error', ''), c)}")
