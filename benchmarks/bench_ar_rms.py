@@ -147,11 +147,12 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
     import torch
     import torch.distributed as dist
     from peerdsl.runtime.communicator import Communicator
+    import datetime
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     dev = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
     torch.cuda.set_device(dev)
-    comm = Communicator(device=dev, build_dir=build, check_errors=False)
+    comm = Communicator(device=dev, build_dir=build, check_errors=False, timeout_s=1.0)
     sync = lambda: dist.barrier()  # noqa: E731 - ranks start each replay together
     result = {"null_us": graph_time_us(torch, comm.null_collective, dev, sync), "rows": {}}
     for hidden in hiddens:
@@ -179,9 +180,11 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
                     torch.cuda.synchronize(dev)
                     dist.barrier()
                 result["host_us"] = statistics.median(t)
+                # every rank makes the calls (they are collective); rank 0 keeps the text
+                prof = _profile(lambda: comm.fused_allreduce_rmsnorm(x, res, w),
+                                lambda: (torch.cuda.synchronize(dev), dist.barrier()))
                 if rank == 0:
-                    result["host_profile"] = _profile(lambda: comm.fused_allreduce_rmsnorm(
-                        x, res, w), lambda: (torch.cuda.synchronize(dev), dist.barrier()))
+                    result["host_profile"] = prof
             result["rows"][f"{hidden}:{rows}"] = r
     torch.cuda.synchronize(dev)
     dist.barrier()
@@ -232,7 +235,12 @@ def main() -> int:
                      for r in range(tp)]
             reps = []
             for p in procs:
-                out, _ = p.communicate(timeout=900)
+                try:
+                    out, _ = p.communicate(timeout=400)
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                    out, _ = p.communicate()
                 got = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("REPORT ")]
                 if not got:
                     print(out[-3000:])

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import layout
 from . import ir
-from .intrinsics import block_id, thread_id
+from .intrinsics import block_id, select, thread_id
 from .kernel import PeerTable
 from .memory import atomic_cas, barrier, load, store
 from .values import Pointer, Scalar, as_scalar
@@ -28,12 +28,20 @@ def record_error(sig: Pointer, rank: Any, what: int, expected: Any, seen: Any) -
         store(err + 5, seen, "system", "relaxed")
 
 
+def spin_limit(sig: Pointer) -> Scalar:
+    """The host's spin limit, or 0 once any spin of this rank has expired: after the first
+    timeout every later wait gives up at once, so a dead peer costs one timeout, not one per
+    wait."""
+    expired = load(sig + layout.SIG_ERROR, "system", "relaxed")
+    return select(expired != 0, 0, load(sig + layout.SIG_SPIN_LIMIT))
+
+
 def spin_until_ge(flag: Pointer, target: Any, sig: Pointer, rank: Any, what: int) -> Scalar:
     """Acquire-load `flag` until it is >= target, at most the host's spin limit times.
 
     Returns 1 when the wait succeeded, 0 when it expired (an error record is then written).
     """
-    limit = load(sig + layout.SIG_SPIN_LIMIT)
+    limit = spin_limit(sig)
     seen = load(flag, "system", "acquire")
     n = 0
     while (seen < target) and (n < limit):
@@ -79,7 +87,9 @@ class Signal:
         barrier()
 
     def start(self) -> None:
-        """Every rank's block has arrived: peers' inputs of this launch may be read."""
+        """Every rank's block has arrived: peers' inputs of this launch may be read. The block
+        barrier first makes the release cover what every wave of the block wrote before."""
+        barrier()
         self._barrier(layout.WAIT_START)
 
     def sync(self) -> None:

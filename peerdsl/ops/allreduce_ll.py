@@ -17,7 +17,7 @@ from .registry import register
 
 def _wait_line(line, epoch, me, rank):
     """Spin (bounded) until both flag words of the 16-byte line equal the epoch."""
-    limit = dsl.load(me + layout.SIG_SPIN_LIMIT)
+    limit = dsl.spin_limit(me)
     v = dsl.load(line, "system", "relaxed")
     n = 0
     while ((v[1] != epoch) or (v[3] != epoch)) and n < limit:
