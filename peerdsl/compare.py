@@ -191,9 +191,23 @@ def ref_side(ref: Path, out: Path, arch: str, op: str, T: str, H: int, W: int) -
     sym = ref_symbol(op, T, H, W)
     if arch.startswith("gfx"):
         return side_amd(art.code_object, art.isa.read_text(), sym)
-    from .lowering.codeobject import parse_ptxas_log
-    ptxas = parse_ptxas_log(art.ptxas_log.read_text(), sym)
+    ptxas = _ptxas_resources(art.ptxas_log.read_text(), sym)
     return side_nvidia(art.code_object, art.isa.read_text(), sym, ptxas)
+
+
+def _ptxas_resources(log: str, symbol: str) -> dict[str, int]:
+    try:
+        from .lowering.codeobject import parse_ptxas_log
+    except ImportError:  # the GPU machine has no pyelftools: the same report, parsed here
+        m = re.search(rf"Function properties for {re.escape(symbol)}(.*?)(?=Compiling|\Z)",
+                      log, re.S)
+        block = m.group(1) if m else ""
+        pats = {"registers": r"Used (\d+) registers", "spill_stores": r"(\d+) bytes spill st",
+                "spill_loads": r"(\d+) bytes spill lo", "stack_bytes": r"(\d+) bytes stack",
+                "smem_bytes": r"(\d+) bytes smem", "barriers": r"used (\d+) barriers"}
+        return {k: int(h.group(1)) if (h := re.search(p, block)) else 0
+                for k, p in pats.items()}
+    return parse_ptxas_log(log, symbol)
 
 
 def table(dsl: dict[str, Any], ref: dict[str, Any], markdown: bool = False) -> str:
