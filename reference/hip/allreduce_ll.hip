@@ -11,7 +11,7 @@ constexpr int BLOCK = 256;
 
 // spin (bounded) until both flag words of the 16-byte line equal the epoch
 __device__ __forceinline__ i32x4 wait_line(const gvec* line, int epoch, gint* me, int rank) {
-  int limit = me[REF_SIG_SPIN_LIMIT];
+  int limit = spin_limit(me);
   i32x4 v = ref_ld_volatile(line);
   for (int n = 0; (v.y != epoch || v.w != epoch) && n < limit; ++n) v = ref_ld_volatile(line);
   if (v.y != epoch || v.w != epoch) record_error(me, rank, WAIT_LL, epoch, v.y);

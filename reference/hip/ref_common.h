@@ -71,9 +71,17 @@ __device__ __forceinline__ void record_error(gint* sig, int rank, int what, int 
   }
 }
 
-// acquire-load flag until >= target, at most the host's spin limit times
-__device__ __forceinline__ void spin_until_ge(gint* flag, int target, gint* sig, int rank, int what) {
+// The host's spin limit, or 0 once any spin of this rank has expired: after the first
+// timeout every later wait gives up at once (a dead peer costs one timeout, not one per wait).
+__device__ __forceinline__ int spin_limit(gint* sig) {
+  int expired = __hip_atomic_load(sig + REF_SIG_ERROR, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
   int limit = sig[REF_SIG_SPIN_LIMIT];
+  return expired != 0 ? 0 : limit;
+}
+
+// acquire-load flag until >= target, at most spin_limit() times
+__device__ __forceinline__ void spin_until_ge(gint* flag, int target, gint* sig, int rank, int what) {
+  int limit = spin_limit(sig);
   int seen = __hip_atomic_load(flag, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
   for (int n = 0; seen < target && n < limit; ++n)
     seen = __hip_atomic_load(flag, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
@@ -101,7 +109,11 @@ template <int W> struct SignalBarrier {
     }
     __syncthreads();
   }
-  __device__ void start() { arrive_and_wait(WAIT_START); }
+  // the block barrier first makes the release cover what every wave of the block wrote
+  __device__ void start() {
+    __syncthreads();
+    arrive_and_wait(WAIT_START);
+  }
   // peers may overwrite what was read; also persists this block's epoch, so call it last
   __device__ void end() {
     __syncthreads();
