@@ -113,3 +113,10 @@ def test_plain_all_reduce():
     assert plan_all_reduce("gfx1250", 2, 12 * MiB) == "1stage"
     assert plan_all_reduce("gfx1250", 4, 65 * MiB) == "fallback"
     assert plan_all_reduce("gfx1250", 4, 1000) == "fallback"
+
+
+def test_each_target_has_its_table():
+    assert plan_fused_ar_rms("gfx950", 4, 16, 6144, BF16) == "ll+rmsnorm"
+    assert plan_fused_ar_rms("gfx942", 4, 16, 6144, BF16) == "ll+rmsnorm"
+    assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "ll+rmsnorm"      # 96 KiB
+    assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_2stage"   # 768 KiB

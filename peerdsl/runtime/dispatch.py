@@ -1,9 +1,11 @@
 """Which path a collective takes (SPEC section 5). Pure functions: no device, no MLIR.
 
-gfx1250 defaults are the SPEC's table. The other targets use the same thresholds today
-(measured on the lent H200 for sm_90: the LL range and two-stage crossover land at the same
-sizes within noise); each has its own entry so a target can diverge without touching another.
-Every threshold has a `PEERDSL_*` environment override, read at each call.
+gfx1250 defaults are the SPEC's table; gfx950 and gfx942 keep it until measured. sm_90 has
+its own LL cap: on the lent H200 (ranks sharing one GPU's HBM, benchmarks/RESULTS.md) the LL
+all-reduce, which moves four times the bytes of the one-stage kernel, cost 13 us at 16 rows
+and 46 us at 64 rows (TP4, H=6144) while the two-stage kernel took 43 us at 384 rows, so LL
+only pays below about 128 KiB there. Every threshold has a `PEERDSL_*` environment override,
+read at each call.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ TABLES = {
     "gfx1250": Thresholds(),
     "gfx950": Thresholds(),
     "gfx942": Thresholds(),
-    "sm_90": Thresholds(),
+    "sm_90": Thresholds(ll_max_bytes=128 << 10),
 }
 
 _ENV = {
