@@ -43,6 +43,14 @@ class OwnCounterSignal(dsl.Signal):
         self._base = dsl.load(self._epoch_ptr)
 
 
+class WaveReleaseSignal(dsl.Signal):
+    """BROKEN on purpose: start() releases without the block barrier that dsl.Signal puts
+    first, so only the releasing wave's staged packs are covered."""
+
+    def start(self):
+        self._barrier(layout.WAIT_START)
+
+
 @dsl.kernel(block_size=64)
 def ar_staged(sig: dsl.PeerPtrs[dsl.i32], stage: dsl.PeerPtrs['T'], inp: dsl.Ptr['T'],
               out: dsl.Ptr['T'], ctr: dsl.Ptr[dsl.i32], rank: dsl.i32, npacks: dsl.i32,
@@ -52,6 +60,8 @@ def ar_staged(sig: dsl.PeerPtrs[dsl.i32], stage: dsl.PeerPtrs['T'], inp: dsl.Ptr
     peers' staged packs in rank order, end barrier (staging may be overwritten after it)."""
     if own_counter:
         s = OwnCounterSignal(sig, rank, world, ctr)
+    elif not stage_barrier:
+        s = WaveReleaseSignal(sig, rank, world)
     else:
         s = dsl.Signal(sig, rank, world)
     P = dsl.vec16(T)
