@@ -19,9 +19,8 @@ from peerdsl import dsl, layout
 from peerdsl.dsl import PeerPtrs, Ptr, constexpr
 from peerdsl.ops import allreduce_ll as ll_mod
 from peerdsl.ops import registry
-from peerdsl.ops._collective import global_thread, grid_threads
-from peerdsl.ops._rows import NORM_BLOCK, load_row_packs, rmsnorm_epilogue, store_row_packs
-from peerdsl.ops.fused_ar_rms_2stage import gather_row_packs
+from peerdsl.ops._rows import NORM_BLOCK
+from peerdsl.ops.fused_ar_rms_2stage import two_stage
 from peerdsl.runtime.errors import CollectiveTimeout, SimError
 from peerdsl.runtime.sim.collective_comm import SimCollectiveComm
 from reference import add_rmsnorm_f64, all_reduce_ref, ulp_diff
@@ -106,26 +105,8 @@ def fused_2stage_own_counters(inp: PeerPtrs["T"], staging: PeerPtrs["T"], residu
                               q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                               rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                               T: constexpr, H: constexpr, W: constexpr, FP8: constexpr):
-    packs = H // 8
-    shard = packs // W
-    P = dsl.vec16(T)
-    signal = OwnCounterSignal(sig, rank, W)
-    signal.start()
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        for j in range(dsl.thread_id(), shard, NORM_BLOCK):
-            i = row * packs + rank * shard + j
-            acc = inp[0].cast(P)[i].to_f32()
-            for r in range(1, W):
-                acc = [a + b for a, b in zip(acc, inp[r].cast(P)[i].to_f32())]
-            staging[rank].cast(P)[row * shard + j] = dsl.pack_rne(acc, T)
-    signal.sync()
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        ar = gather_row_packs(staging, row, H, T, W)
-        res = load_row_packs(residual, row, H, T)
-        s = [[a + b for a, b in zip(pa, pr)] for pa, pr in zip(ar, res)]
-        store_row_packs(residual_out, row, H, T, s)
-        rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, FP8)
-    signal.end()
+    two_stage(OwnCounterSignal(sig, rank, W), inp, staging, residual, weight, out,
+              residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8)
 
 
 @dsl.kernel(block_size=256)
@@ -137,26 +118,8 @@ def allreduce_ll_block_epoch(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32],
     mine_epoch = me + (PRIVATE + dsl.block_id())
     epoch = dsl.load(mine_epoch) + 1
     bank_base = (epoch & 1) * (W * lines_per_peer)
-    src = x.cast(dsl.i32x4)
-    P = dsl.vec16(T)
-    for i in range(global_thread(), n_packs, grid_threads()):
-        words = src[i]
-        first = dsl.pack([words[0], epoch, words[1], epoch], dsl.i32)
-        second = dsl.pack([words[2], epoch, words[3], epoch], dsl.i32)
-        slot = bank_base + rank * lines_per_peer + 2 * i
-        for r in range(W):
-            lines = ll[r].cast(dsl.i32x4)
-            dsl.store(lines + slot, first, "system", "relaxed")
-            dsl.store(lines + (slot + 1), second, "system", "relaxed")
-        mine = ll[rank].cast(dsl.i32x4)
-        acc = []
-        for r in range(W):
-            at = bank_base + r * lines_per_peer + 2 * i
-            lo = ll_mod._wait_line(mine + at, epoch, me, rank).bitcast(P)
-            hi = ll_mod._wait_line(mine + (at + 1), epoch, me, rank).bitcast(P)
-            vals = [v.to_f32() for v in (lo[0], lo[1], lo[4], lo[5], hi[0], hi[1], hi[4], hi[5])]
-            acc = vals if r == 0 else [a + b for a, b in zip(acc, vals)]
-        out.cast(P)[i] = dsl.pack_rne(acc, T)
+    ll_mod.ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W)
+    ll_mod.ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W)
     dsl.barrier()
     if dsl.thread_id() == 0:
         dsl.store(mine_epoch, epoch)

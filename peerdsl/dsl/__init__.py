@@ -1,7 +1,6 @@
 """The peerdsl kernel language: write a kernel with these, trace it, lower or simulate it."""
 from . import ir
 from .builder import TraceError
-from .control import select as _select  # noqa: F401
 from .intrinsics import (abs, block_id, block_size, fma, globaltimer, lane_id, maximum,
                          minimum, num_blocks, rcp, rsqrt, select, shared_array, shfl_xor,
                          sqrt, thread_id)

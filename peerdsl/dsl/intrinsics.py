@@ -5,7 +5,7 @@ from typing import Any
 
 from . import ir
 from .builder import TraceError, emit, emit_shared, state, user_location
-from .values import Pointer, Scalar, as_scalar, wrap
+from .values import Pointer, Scalar, as_scalar
 
 
 def thread_id() -> Scalar:

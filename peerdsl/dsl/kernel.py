@@ -9,7 +9,7 @@ from typing import Any, Callable
 from . import ir
 from .builder import TraceError, emit, tracing
 from .transform import traceable
-from .values import Pointer, Scalar, Traced, as_scalar, wrap
+from .values import Pointer, Scalar, as_scalar
 
 MAX_PEERS = 8
 _TRACE_LOCK = threading.RLock()  # the trace state is global: one trace at a time (sim ranks are threads)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from .. import layout
-from . import ir
 from .intrinsics import block_id, select, thread_id
 from .kernel import PeerTable
 from .memory import atomic_cas, barrier, load, store

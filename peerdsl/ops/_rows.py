@@ -114,3 +114,14 @@ def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, f
         store_row_packs(out, row, H, T, normed)
     if fp8:
         quant_row_fp8(round_to(normed, T), row, H, q, scale, fmt)
+
+
+def residual_norm_row(ar: list, row: Any, H: int, T: Any, residual: Any, residual_out: Any,
+                      weight: Any, eps: Any, flags: Any, out: Any, q: Any, scale: Any,
+                      fmt: str) -> None:
+    """Given this thread's all-reduced packs of a row (f32 of T values): add the residual,
+    write residual_out, and run the RMSNorm epilogue. Every norm kernel ends a row here."""
+    res = load_row_packs(residual, row, H, T)
+    s = [[a + b for a, b in zip(pa, pr)] for pa, pr in zip(ar, res)]
+    store_row_packs(residual_out, row, H, T, s)
+    rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt)

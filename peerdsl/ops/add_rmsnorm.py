@@ -5,7 +5,7 @@ residual_out = T(s), out = T((s * rsqrt(mean(s^2) + eps)) * w).
 """
 from .. import dsl
 from ..dsl import Ptr, constexpr
-from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, load_row_packs, rmsnorm_epilogue, store_row_packs
+from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, load_row_packs, residual_norm_row
 from .registry import register
 
 
@@ -14,11 +14,8 @@ def add_rmsnorm(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"]
                 residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
                 eps: dsl.f32, flags: dsl.i32, T: constexpr, H: constexpr, FP8: constexpr):
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        a = load_row_packs(x, row, H, T)
-        r = load_row_packs(residual, row, H, T)
-        s = [[ai + ri for ai, ri in zip(pa, pr)] for pa, pr in zip(a, r)]
-        store_row_packs(residual_out, row, H, T, s)
-        rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, FP8)
+        residual_norm_row(load_row_packs(x, row, H, T), row, H, T, residual, residual_out,
+                          weight, eps, flags, out, q, scale, FP8)
 
 
 def variants(target):

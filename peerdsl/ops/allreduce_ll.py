@@ -28,17 +28,12 @@ def _wait_line(line, epoch, me, rank):
     return v
 
 
-@dsl.kernel(block_size=BLOCK)
-def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtrs[dsl.i32],
-                 rank: dsl.i32, n_packs: dsl.i32, lines_per_peer: dsl.i32,
-                 T: constexpr, W: constexpr):
-    me = sig[rank]
-    epoch = dsl.load(me + layout.SIG_LL_EPOCH) + 1
-    bank_base = (epoch & 1) * (W * lines_per_peer)
+def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W):
+    """Push every pack of this thread as two LL lines into every rank's scratch.
+
+    All pushes come before any collect: a thread never waits for peers between its packs,
+    so a round trip is paid once per launch, not once per pack."""
     src = x.cast(dsl.i32x4)
-    P = dsl.vec16(T)
-    # push every pack first, then collect: a thread never waits for peers between its
-    # packs, so the latency of a round trip is paid once per launch, not once per pack
     for i in range(global_thread(), n_packs, grid_threads()):
         words = src[i]
         first = dsl.pack([words[0], epoch, words[1], epoch], dsl.i32)
@@ -48,6 +43,11 @@ def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtr
             lines = ll[r].cast(dsl.i32x4)
             dsl.store(lines + slot, first, "system", "relaxed")
             dsl.store(lines + (slot + 1), second, "system", "relaxed")
+
+
+def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W):
+    """Wait for every rank's lines of this thread's packs and sum them in rank order."""
+    P = dsl.vec16(T)
     mine = ll[rank].cast(dsl.i32x4)
     for i in range(global_thread(), n_packs, grid_threads()):
         acc = []
@@ -59,6 +59,17 @@ def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtr
             vals = [v.to_f32() for v in vals]
             acc = vals if r == 0 else [a + b for a, b in zip(acc, vals)]
         out.cast(P)[i] = dsl.pack_rne(acc, T)
+
+
+@dsl.kernel(block_size=BLOCK)
+def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtrs[dsl.i32],
+                 rank: dsl.i32, n_packs: dsl.i32, lines_per_peer: dsl.i32,
+                 T: constexpr, W: constexpr):
+    me = sig[rank]
+    epoch = dsl.load(me + layout.SIG_LL_EPOCH) + 1
+    bank_base = (epoch & 1) * (W * lines_per_peer)
+    ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W)
+    ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W)
     dsl.barrier()
     if dsl.thread_id() == 0:
         done = dsl.atomic_add(me + layout.SIG_LL_DONE, 1, "agent", "acq_rel")

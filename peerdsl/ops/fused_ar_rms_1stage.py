@@ -8,8 +8,8 @@ as the add + RMSNorm kernel with the same thread mapping, so the bytes are ident
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, constexpr
 from ._collective import WORLDS
-from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid, rmsnorm_epilogue,
-                    row_geometry, load_row_packs, store_row_packs)
+from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid,
+                    residual_norm_row, row_geometry)
 from .registry import register
 
 
@@ -39,11 +39,8 @@ def fused_ar_rms_1stage(inp: PeerPtrs["T"], residual: Ptr["T"], weight: Ptr["T"]
     signal = dsl.Signal(sig, rank, W)
     signal.start()
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        ar = reduce_row_packs(inp, row, H, T, W)
-        r = load_row_packs(residual, row, H, T)
-        s = [[a + b for a, b in zip(pa, pr)] for pa, pr in zip(ar, r)]
-        store_row_packs(residual_out, row, H, T, s)
-        rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, FP8)
+        residual_norm_row(reduce_row_packs(inp, row, H, T, W), row, H, T, residual,
+                          residual_out, weight, eps, flags, out, q, scale, FP8)
     signal.end()
 
 
