@@ -221,7 +221,7 @@ def main() -> int:
         return 0
     import torch
     dev = torch.device("cuda:0")
-    summary = {"bandwidth_Bps": copy_bandwidth(torch, dev),
+    summary = {"bandwidth_Bps": copy_bandwidth(torch, dev), "hidden": args.hidden,
                "single_gpu": single_gpu(torch, args.build, args.hidden[0], dev)}
     print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
     env = start_mps() if torch.cuda.device_count() < max(args.tp) else dict(os.environ)
@@ -291,13 +291,13 @@ def report(summary: dict) -> str:
             lines.append(f"| {hidden} | {rows} | {nbytes / 2**20:.2f} | {r['ar_us']:.1f} "
                          f"({r['ar_path']}) | {r['rms_us']:.1f} | {tot:.1f} | {r['fused_us']:.1f} "
                          f"({r['path']}) | {tot / r['fused_us']:.2f}x | {floor:.1f} |")
-    lines.append("\nSingle GPU add + RMSNorm, H=%s bf16, us (copy %.2f TB/s)" % (
-        "first", bw / 1e12))
+    h0 = summary.get("hidden", [6144])[0]
+    lines.append("\nSingle GPU add + RMSNorm, H=%d bf16, us (copy %.2f TB/s)" % (h0, bw / 1e12))
     lines.append("| rows | torch eager | torch.compile | Triton | peerdsl | peerdsl % of floor | "
                  "torch quant | peerdsl quant |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for rows, r in summary["single_gpu"].items():
-        floor = 4 * int(rows) * 6144 * 2 / bw * 1e6
+        floor = 4 * int(rows) * h0 * 2 / bw * 1e6
         lines.append(f"| {rows} | {r['torch_eager']:.2f} | {r.get('torch_compile', float('nan')):.2f}"
                      f" | {r['triton']:.2f} | {r['peerdsl']:.2f} | {100 * floor / r['peerdsl']:.0f}%"
                      f" | {r['torch_quant']:.2f} | {r['peerdsl_quant']:.2f} |")
