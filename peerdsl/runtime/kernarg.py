@@ -136,6 +136,20 @@ def validate_layout(args: Sequence[ArgSpec], kernarg_size: int, where: str = "")
 
 def peer_tables(args: Sequence[ArgSpec]) -> dict[str, list[str]]:
     """Runs of pointer args NAME_0..NAME_{k-1} (k >= 2, contiguous indices) -> member names."""
+    key = id(args)
+    hit = _PEER_TABLES.get(key)
+    if hit is not None and hit[0] is args:  # a kernel's args never change: found once
+        return hit[1]
+    tables = _find_peer_tables(args)
+    if isinstance(args, tuple):
+        _PEER_TABLES[key] = (args, tables)
+    return tables
+
+
+_PEER_TABLES: dict[int, tuple[Any, dict[str, list[str]]]] = {}
+
+
+def _find_peer_tables(args: Sequence[ArgSpec]) -> dict[str, list[str]]:
     groups: dict[str, dict[int, str]] = {}
     names = {a.name for a in args}
     for a in args:
@@ -250,6 +264,9 @@ def pack_args(args: Sequence[ArgSpec], kernarg_size: int, values: Mapping[str, A
     for a in args:
         v = vals[a.name]
         if a.type.is_pointer:
+            if type(v) is int and 0 <= v < (1 << 64) and not v % min(a.type.pointee_bytes, 16):
+                struct.pack_into("<Q", buf, a.offset, v)  # the common case, checked inline
+                continue
             raw = struct.pack("<Q", _pointer_value(a.name, a.type, v, device))
         else:
             raw = _scalar_bytes(a.name, a.type, v)
