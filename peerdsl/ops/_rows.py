@@ -94,6 +94,8 @@ def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, f
                      out: Any, q: Any, scale: Any, fmt: str) -> None:
     """Given s = f32(ar) + f32(residual) for this thread's packs, write out (and FP8)."""
     packs, per_thread = row_geometry(H)
+    # the weight load is issued before the reduction's barriers, so its latency overlaps them
+    w = load_row_packs(weight, 0, H, T)
     acc = 0.0
     for k in range(per_thread):
         for v in s[k]:
@@ -101,7 +103,6 @@ def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, f
     total = dsl.block_sum(acc)
     inv = dsl.rsqrt(total / float(H) + eps)
     gemma = (flags & FLAG_GEMMA) != 0
-    w = load_row_packs(weight, 0, H, T)
     normed = []
     for k in range(per_thread):
         vals = []
