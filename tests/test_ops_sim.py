@@ -150,3 +150,22 @@ def test_bad_inputs_raise_before_launch():
     assert len(errors) == 6
     assert "float32" in errors[0] and "(2, 6144)" in errors[1] and "(100,)" in errors[2]
     assert "6000" in errors[3] and "contiguous" in errors[4] and "fp8_out" in errors[5]
+
+
+@pytest.mark.parametrize("target,fmt", [("gfx942", "e4m3fnuz"), ("gfx950", "e4m3fn"),
+                                        ("sm_90", "e4m3fn")])
+def test_other_targets_fp8_format(monkeypatch, target, fmt):
+    """A simulated device computes what its target would: gfx942's FP8 is e4m3fnuz."""
+    xs, residual, weight = make_inputs(2, 3, 4096, torch.bfloat16)
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "fused_1stage")
+
+    def body(comm):
+        q, _, scale, mirror = comm.fused_allreduce_rmsnorm(
+            xs[comm.rank], residual, weight, fp8_out=True, bf16_mirror=True)
+        return q, scale, mirror
+
+    for q, scale, mirror in peerdsl.sim.run(2, body, seed=5, target=target):
+        assert q.dtype == {"e4m3fnuz": torch.float8_e4m3fnuz, "e4m3fn": torch.float8_e4m3fn}[fmt]
+        q_ref, s_ref = quant_fp8_ref(mirror, fmt)
+        assert torch.equal(scale, s_ref)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
