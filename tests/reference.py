@@ -33,7 +33,8 @@ def quant_fp8_ref(out_t: torch.Tensor, fmt: str):
     scale = amax * torch.tensor(1.0 / FP8_MAX[fmt], dtype=torch.float32)
     inv = torch.where(scale == 0, torch.zeros_like(scale), 1.0 / scale)
     q = (f * inv).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(FP8_DTYPE[fmt])
-    return q, scale
+    q = torch.where(f == 0, torch.zeros_like(q.view(torch.uint8)), q.view(torch.uint8))
+    return q.view(FP8_DTYPE[fmt]), scale  # zero outputs are +0 bytes (see ops/_rows.py)
 
 
 def ulp_diff(a: torch.Tensor, b: torch.Tensor) -> int:

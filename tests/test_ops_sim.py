@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import peerdsl.sim
+from peerdsl import dsl
+from peerdsl.dsl import PeerPtrs, constexpr
 from reference import add_rmsnorm_f64, all_reduce_ref, quant_fp8_ref, ulp_diff
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -111,12 +113,44 @@ def test_all_reduce_paths(monkeypatch, tp, nbytes):
     g = torch.Generator().manual_seed(tp)
     xs = [torch.randn(n, generator=g).to(torch.bfloat16) for _ in range(tp)]
     expected = all_reduce_ref(xs)
-    for ll_max in (1 << 22, 0):  # LL, then one/two-stage
+    staged = "2stage" if tp >= 4 and (nbytes // 16) % tp == 0 else "1stage"
+    for ll_max, want in ((1 << 22, "ll"), (0, staged)):
         monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(ll_max))
         outs = peerdsl.sim.run(tp, lambda comm: (comm.all_reduce(xs[comm.rank]),
                                                 comm.last_path), seed=2)
         for out, path in outs:
+            assert path == want
             assert torch.equal(out, expected), path
+
+
+def test_dispatch_never_plans_past_what_was_allocated(monkeypatch):
+    """A LL cap above the communicator's LL scratch (or staging above its staging) is capped
+    by what the communicator allocated, instead of writing past it."""
+    monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(1 << 22))
+    xs = [torch.randn(4096).to(torch.bfloat16) for _ in range(4)]
+    outs = peerdsl.sim.run(4, lambda comm: (comm.all_reduce(xs[comm.rank]), comm.last_path),
+                           seed=1, ll_max_bytes=4096, staging_bytes=1024)
+    for out, path in outs:
+        assert path == "1stage"  # 8 KiB: over the 4 KiB LL scratch, over 1 KiB staging / rank
+        assert torch.equal(out, all_reduce_ref(xs))
+
+
+def test_signal_misuse_is_a_trace_error():
+    @dsl.kernel(block_size=64)
+    def barrier_in_loop(sig: PeerPtrs[dsl.i32], rank: dsl.i32, n: dsl.i32, W: constexpr):
+        s = dsl.Signal(sig, rank, W)
+        for _ in range(n):
+            s.sync()
+        s.end()
+
+    @dsl.kernel(block_size=64)
+    def never_finished(sig: PeerPtrs[dsl.i32], rank: dsl.i32, W: constexpr):
+        dsl.Signal(sig, rank, W).start()
+
+    with pytest.raises(dsl.TraceError, match="inside a traced"):
+        barrier_in_loop.trace(W=2)
+    with pytest.raises(dsl.TraceError, match="never calls end"):
+        never_finished.trace(W=2)
 
 
 def test_all_gather():

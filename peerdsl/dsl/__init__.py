@@ -6,7 +6,7 @@ from .intrinsics import (abs, block_id, block_size, fma, globaltimer, lane_id, m
                          sqrt, thread_id)
 from .kernel import Kernel, PeerPtrs, PeerTable, Ptr, constexpr, dtype_of, kernel
 from .lib import (FP8_MAX, block_max, block_reduce, block_sum, group_reduce, pack_rne,
-                  to_fp8, unpack_f32)
+                  to_fp8)
 from .memory import (atomic, atomic_add, atomic_cas, atomic_max, atomic_xchg, barrier, fence,
                      load, store)
 from .signal import Signal, record_error, spin_limit, spin_until_ge

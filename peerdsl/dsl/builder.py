@@ -21,6 +21,7 @@ class _State:
         self.shared: list[ir.Op] = []
         self.block_size: int = 0
         self.constexprs: dict[str, Any] = {}
+        self.signals: list[Any] = []  # Signals made by the kernel: each must be finished
 
 
 _state: _State | None = None

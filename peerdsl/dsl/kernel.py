@@ -166,6 +166,10 @@ class Kernel:
             st.blocks.append(body)
             traceable(self.fn)(**call_args)
             shared = st.shared
+            if any(not sig.finished for sig in st.signals):
+                raise TraceError(f"kernel {self.name} makes a Signal but never calls end() or "
+                                 "finish(): its block epochs would not advance, and the next "
+                                 "kernel's barriers would pass at once")
         return ir.Kernel(self.name, params, body, block_size, dict(constexprs), shared)
 
     def instance_name(self, **constexprs: Any) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import ir
-from .intrinsics import block_size, lane_id, maximum, shared_array, shfl_xor, thread_id
+from .intrinsics import block_size, lane_id, maximum, minimum, shared_array, shfl_xor, thread_id
 from .memory import barrier
 from .values import Scalar, Vector, as_scalar, pack
 
@@ -52,10 +52,6 @@ def block_max(x: Any) -> Scalar:
     return block_reduce(x, maximum)
 
 
-def unpack_f32(v: Vector) -> list[Scalar]:
-    return v.to_f32()
-
-
 def pack_rne(values: list[Any], elem: ir.ScalarType) -> Vector:
     """Round f32 values to `elem` (nearest even) and pack them."""
     return pack([as_scalar(v, ir.f32).to(elem) for v in values], elem)
@@ -70,7 +66,7 @@ def to_fp8(x: Any, fmt: str) -> Scalar:
         raise ValueError(f"fp8 format {fmt!r} is not one of {sorted(FP8_MAX)}")
     fmax, bias = FP8_MAX[fmt], FP8_BIAS[fmt]
     x = as_scalar(x, ir.f32)
-    x = maximum(minimum_f32(x, fmax), -fmax)
+    x = maximum(minimum(x, fmax), -fmax)
     bits = x.bitcast(ir.i32)
     sign = (bits >> 31) & 1
     mag = bits & 0x7FFFFFFF
@@ -86,7 +82,3 @@ def to_fp8(x: Any, fmt: str) -> Scalar:
         sign = sign if code != 0 else 0  # fnuz has no negative zero (0x80 is NaN)
     return ((sign << 7) | code).to(ir.i8)
 
-
-def minimum_f32(a, b):
-    from .intrinsics import minimum
-    return minimum(a, b)

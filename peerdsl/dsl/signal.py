@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import layout
+from .builder import TraceError, state, user_location
 from .intrinsics import block_id, select, thread_id
 from .kernel import PeerTable
 from .memory import atomic_cas, barrier, load, store
@@ -72,11 +73,20 @@ class Signal:
         self._epoch_ptr = self.self_sig + (layout.SIG_EPOCH + self.block)
         self._base = load(self._epoch_ptr)
         self._used = 0
+        self.finished = False
+        st = state()
+        self._depth = len(st.blocks)
+        st.signals.append(self)
 
     def _slot(self, owner: Pointer, peer: Any) -> Pointer:
         return owner + (layout.SIG_SLOTS + self.block * layout.MAX_RANKS + peer)
 
     def _barrier(self, what: int) -> None:
+        if len(state().blocks) != self._depth or self.finished:
+            raise TraceError(
+                f"{user_location()}: Signal barriers must run at the level the Signal was made, "
+                "before end()/finish(), never inside a traced if/for/while: each barrier takes "
+                "the next epoch, counted when the kernel is traced")
         self._used += 1
         epoch = self._base + self._used
         t = thread_id()
@@ -106,5 +116,8 @@ class Signal:
     def finish(self) -> None:
         """Advance this block's epoch in device memory past the barriers used so far (for a
         kernel that needs no end barrier; `end` does this itself)."""
+        if len(state().blocks) != self._depth:
+            raise TraceError(f"{user_location()}: Signal.finish() inside a traced if/for/while")
         if thread_id() == 0:
             store(self._epoch_ptr, self._base + self._used)
+        self.finished = True

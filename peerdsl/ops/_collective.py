@@ -17,12 +17,15 @@ def grid_threads() -> Any:
     return dsl.num_blocks() * dsl.block_size()
 
 
-def rank_order_sum(packs: list) -> list:
-    """sum_r f32(x_r), added in rank order 0..n-1 starting from x_0 (SPEC 2.1).
+def rank_order_sum(terms: list) -> list:
+    """sum_r f32(x_r), added in rank order 0..n-1 starting from x_0 (SPEC 2.1). Every
+    all-reduce path sums through here, so the order is the same on every path.
 
-    Starting from x_0 rather than 0.0 keeps the sign of an all-negative-zero sum.
+    `terms` holds one entry per rank: a T pack, or a list of f32 values. Starting from x_0
+    rather than 0.0 keeps the sign of an all-negative-zero sum.
     """
-    acc = packs[0].to_f32()
-    for p in packs[1:]:
-        acc = [a + b for a, b in zip(acc, p.to_f32())]
+    values = [t.to_f32() if isinstance(t, dsl.Vector) else t for t in terms]
+    acc = values[0]
+    for v in values[1:]:
+        acc = [a + b for a, b in zip(acc, v)]
     return acc

@@ -1,7 +1,7 @@
 """Row helpers shared by every kernel that normalizes or quantizes a row (SPEC section 2).
 
 The fused kernels and the unfused add + RMSNorm kernel must produce the same bytes, so they
-share these helpers *and* the thread mapping: thread t of a block of `norm_block(H)` threads
+share these helpers *and* the thread mapping: thread t of a block of NORM_BLOCK threads
 owns the 16-byte packs t, t + BLOCK, t + 2 BLOCK, ... of the row, and every sum of squares
 goes through dsl.block_sum in that order.
 """
@@ -17,10 +17,6 @@ FLAG_FP8 = 2
 FLAG_MIRROR = 4
 SUPPORTED_HIDDEN = (2880, 4096, 6144, 7168, 8192)
 NORM_BLOCK = 256
-
-
-def norm_block(H: int) -> int:
-    return NORM_BLOCK
 
 
 def row_geometry(H: int) -> tuple[int, int]:
@@ -84,8 +80,10 @@ def quant_row_fp8(out_f32: list, row: Any, H: int, q: Any, scale: Any, fmt: str)
     qvec = q.cast(dsl.i8x8)
     for k in range(per_thread):
         if pack_valid(H, k):
+            # A zero output is the +0 byte: SPEC's all-zero-row rule, applied per element so
+            # neither -0 nor 0 * inf (a subnormal scale has an infinite reciprocal) leaks out.
             qvec[row * packs + pack_index(k)] = dsl.pack(
-                [dsl.to_fp8(v * inv, fmt) for v in out_f32[k]], dsl.i8)
+                [0 if v == 0.0 else dsl.to_fp8(v * inv, fmt) for v in out_f32[k]], dsl.i8)
     if dsl.thread_id() == 0:
         scale[row] = s
 

@@ -11,7 +11,7 @@ block accept a stale line.
 """
 from .. import dsl, layout
 from ..dsl import PeerPtrs, Ptr, constexpr
-from ._collective import BLOCK, WORLDS, global_thread, grid_threads
+from ._collective import BLOCK, WORLDS, global_thread, grid_threads, rank_order_sum
 from .registry import register
 
 
@@ -50,15 +50,14 @@ def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, 
     P = dsl.vec16(T)
     mine = ll[rank].cast(dsl.i32x4)
     for i in range(global_thread(), n_packs, grid_threads()):
-        acc = []
+        terms = []
         for r in range(W):
             at = bank_base + r * lines_per_peer + 2 * i
             lo = _wait_line(mine + at, epoch, me, rank).bitcast(P)
             hi = _wait_line(mine + (at + 1), epoch, me, rank).bitcast(P)
-            vals = [lo[0], lo[1], lo[4], lo[5], hi[0], hi[1], hi[4], hi[5]]
-            vals = [v.to_f32() for v in vals]
-            acc = vals if r == 0 else [a + b for a, b in zip(acc, vals)]
-        out.cast(P)[i] = dsl.pack_rne(acc, T)
+            terms.append([v.to_f32() for v in (lo[0], lo[1], lo[4], lo[5],
+                                               hi[0], hi[1], hi[4], hi[5])])
+        out.cast(P)[i] = dsl.pack_rne(rank_order_sum(terms), T)
 
 
 @dsl.kernel(block_size=BLOCK)

@@ -7,7 +7,7 @@ as the add + RMSNorm kernel with the same thread mapping, so the bytes are ident
 """
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, constexpr
-from ._collective import WORLDS
+from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid,
                     residual_norm_row, row_geometry)
 from .registry import register
@@ -22,9 +22,7 @@ def reduce_row_packs(inp, row, H, T, W):
         vals = [0.0] * PACK
         if pack_valid(H, k):
             i = row * packs + pack_index(k)
-            acc = inp[0].cast(P)[i].to_f32()
-            for r in range(1, W):
-                acc = [a + b for a, b in zip(acc, inp[r].cast(P)[i].to_f32())]
+            acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
             vals = [a.to(T).to_f32() for a in acc]
         out.append(vals)
     return out

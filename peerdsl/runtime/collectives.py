@@ -63,8 +63,9 @@ def check_hidden(hidden: int) -> None:
 class Collectives:
     """Backend primitives a subclass provides:
         rank, world, arch, fp8_format, max_grid
-        signal_peers, ll_peers, staging_peers: list[int] (every rank's addresses)
-        ll_lines_per_peer: int
+        meta_layout: layout.MetaLayout    what each rank's meta buffer holds
+        meta_bases: list[int]             every rank's meta buffer address
+        pool_bytes: int | None            the registered input pool (None: grows on demand)
         _dev(t)                   t on the device (copied in where needed)
         _addr(buf) -> int         the device address of a buffer from _dev/_new
         _new(shape, dtype) -> int a fresh device buffer
@@ -75,13 +76,41 @@ class Collectives:
     """
 
     last_path: str = ""
+    pool_bytes: int | None = None
+
+    # ------------------------------------------------------------------ the meta buffer
+    @property
+    def signal_peers(self) -> list[int]:
+        return [b + self.meta_layout.signal_offset for b in self.meta_bases]
+
+    @property
+    def ll_peers(self) -> list[int]:
+        return [b + self.meta_layout.ll_offset for b in self.meta_bases]
+
+    @property
+    def staging_peers(self) -> list[int]:
+        return [b + self.meta_layout.staging_offset for b in self.meta_bases]
+
+    @property
+    def ll_lines_per_peer(self) -> int:
+        return layout.ll_packets(self.meta_layout.ll_max_bytes)
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        """What this communicator allocated: dispatch never plans past it."""
+        cap = {"ll_max_bytes": self.meta_layout.ll_max_bytes,
+               "staging_bytes": self.meta_layout.staging_bytes}
+        if self.pool_bytes is not None:
+            cap["custom_ar_max_bytes"] = self.pool_bytes
+        return cap
 
     # ------------------------------------------------------------------ plain collectives
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         check_tensor("x", x, contiguous=False)
         T = DTYPES[x.dtype]
         nbytes = x.numel() * x.element_size()
-        path = dispatch.plan_all_reduce(self.arch, self.world, nbytes, x.is_contiguous())
+        path = dispatch.plan_all_reduce(self.arch, self.world, nbytes, x.is_contiguous(),
+                                        self.capacity)
         self.last_path = path
         if path == "local":
             return x.clone()
@@ -90,6 +119,8 @@ class Collectives:
         packs = nbytes // 16
         out = self._new(tuple(x.shape), x.dtype)
         if path == "ll":
+            if 2 * packs > self.ll_lines_per_peer:  # dispatch's capacity cap makes this dead
+                raise AssertionError(f"LL launch of {nbytes} bytes past the scratch")
             grid = self._grid(packs)
             self._launch("allreduce_ll", {"T": T, "W": self.world}, grid, {
                 "x": self._dev(x), "out": out, "sig": self.signal_peers, "ll": self.ll_peers,
@@ -111,9 +142,10 @@ class Collectives:
         nbytes = x.numel() * x.element_size()
         if nbytes % 16:
             raise ValueError(f"all_gather needs a multiple of 16 bytes, got {nbytes}")
-        if nbytes > dispatch.thresholds(self.arch).custom_ar_max_bytes // self.world:
+        cap = dispatch.thresholds(self.arch, self.capacity).custom_ar_max_bytes
+        if nbytes > cap // self.world:
             raise ValueError(f"all_gather of {nbytes} bytes per rank exceeds the pool "
-                             f"({dispatch.thresholds(self.arch).custom_ar_max_bytes} / world)")
+                             f"({cap} bytes / world {self.world})")
         x = x.contiguous()
         shape = (self.world,) + tuple(x.shape)
         self.last_path = "allgather"
@@ -121,6 +153,7 @@ class Collectives:
             return x.clone().reshape(shape)
         packs = nbytes // 16
         out = self._new(shape, x.dtype)
+        # the kernel moves i32x4 packs of any dtype: pass the address, not the typed tensor
         self._launch("allgather", {"W": self.world}, self._grid(packs), {
             "inp": self._stage(x), "out": int(self._addr(out)), "sig": self.signal_peers, "rank": self.rank,
             "n_packs": packs})
@@ -206,19 +239,22 @@ class Collectives:
         rows, hidden, T = self._norm_checks(x, residual, weight)
         flags = self._flags(gemma_norm, fp8_out, bf16_mirror)
         path = dispatch.plan_fused_ar_rms(self.arch, self.world, rows, hidden, x.dtype,
-                                          fp8_out, x.is_contiguous())
-        self.last_path = path
+                                          fp8_out, x.is_contiguous(), capacity=self.capacity)
         if path == "local":
-            return self.add_rmsnorm(x, residual, weight, eps, gemma_norm, fp8_out, bf16_mirror)
-        if path in ("unfused", "fallback", "ll+rmsnorm"):
-            if path == "ll+rmsnorm":
-                ar = self.all_reduce(x.contiguous())
-            elif path == "fallback":
-                ar = self._fallback_all_reduce(x.contiguous())
-            else:
-                ar = self.all_reduce(x.contiguous())
-            self.last_path = path
-            return self.add_rmsnorm(ar, residual, weight, eps, gemma_norm, fp8_out, bf16_mirror)
+            result = self.add_rmsnorm(x, residual, weight, eps, gemma_norm, fp8_out,
+                                      bf16_mirror)
+        elif path in ("unfused", "fallback", "ll+rmsnorm"):
+            xc = x.contiguous()
+            ar = self._fallback_all_reduce(xc) if path == "fallback" else self.all_reduce(xc)
+            result = self.add_rmsnorm(ar, residual, weight, eps, gemma_norm, fp8_out,
+                                      bf16_mirror)
+        else:
+            result = self._fused(path, x, residual, weight, eps, flags, rows, hidden, T)
+        self.last_path = path
+        return result
+
+    def _fused(self, path, x, residual, weight, eps, flags, rows, hidden, T) -> NormResult:
+        fp8_out, bf16_mirror = bool(flags & FLAG_FP8), bool(flags & FLAG_MIRROR)
         quant_after = fp8_out and not dispatch.fp8_in_epilogue(self.arch, rows, hidden, x.dtype)
         kflags = flags & ~(FLAG_FP8 | FLAG_MIRROR) if quant_after else flags
         bufs = self._norm_outputs(rows, hidden, x.dtype, kflags)
@@ -228,14 +264,13 @@ class Collectives:
         constexprs = {"T": T, "H": hidden, "W": self.world, "FP8": self.fp8_format}
         if path == "fused_2stage":
             args["staging"] = self.staging_peers
-        self._launch(path.replace("fused_", "fused_ar_rms_"), constexprs,
-                     min(rows, self.max_grid), args)
+        grid = max(1, min(rows, self.max_grid, layout.MAX_BLOCKS))
+        self._launch(path.replace("fused_", "fused_ar_rms_"), constexprs, grid, args)
         result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)
         if quant_after:
             q, scale = self.per_token_quant_fp8(result.out)
             result = NormResult(None, result.residual_out, q, scale,
                                 result.out if bf16_mirror else None)
-            self.last_path = path
         return result
 
     # ------------------------------------------------------------------ helpers

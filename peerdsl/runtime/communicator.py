@@ -62,11 +62,10 @@ class Communicator(Collectives):
         # Blocks of one index wait for each other across ranks, so every rank's grid must be
         # resident at once: ranks sharing a GPU (MPS) split its multiprocessors.
         sharing = -(-self.world // max(1, torch.cuda.device_count()))
-        self.max_grid = max_grid or max(1, min(layout.MAX_BLOCKS,
-                                               props.multi_processor_count
-                                               * (2 if sharing == 1 else 1) // sharing))
+        self.max_grid = max(1, min(layout.MAX_BLOCKS, max_grid or (
+            props.multi_processor_count * (2 if sharing == 1 else 1) // sharing)))
         self.meta_layout = layout.MetaLayout(self.world, ll_max_bytes, staging_bytes)
-        self.max_size = max_size
+        self.max_size = self.pool_bytes = max_size
         self.check_each_call = check_errors
         self._capturing = False
         self._kernels: dict[tuple, Any] = {}
@@ -82,13 +81,19 @@ class Communicator(Collectives):
         from .cuda.ipc import IpcHandle
         self._opened: list[int] = []
         bases = []
-        for r, h in enumerate(handles):
-            if r == self.rank:
-                bases.append(self._buffer.data_ptr())
-            else:
-                addr = ipc_open(IpcHandle.from_bytes(h), device=self.dev_index)
-                self._opened.append(addr)
-                bases.append(addr)
+        try:
+            for r, h in enumerate(handles):
+                if r == self.rank:
+                    bases.append(self._buffer.data_ptr())
+                else:
+                    addr = ipc_open(IpcHandle.from_bytes(h), device=self.dev_index)
+                    self._opened.append(addr)
+                    bases.append(addr)
+        except BaseException:
+            from .cuda.ipc import ipc_close
+            for addr in self._opened:  # what was mapped before the failure
+                ipc_close(addr)
+            raise
         self.peer_bases = bases
         dist.barrier(group=group)
 
@@ -104,24 +109,12 @@ class Communicator(Collectives):
 
     # ------------------------------------------------------------------ addresses
     @property
-    def signal_peers(self) -> list[int]:
-        return [b + self.meta_layout.signal_offset for b in self.peer_bases]
-
-    @property
-    def ll_peers(self) -> list[int]:
-        return [b + self.meta_layout.ll_offset for b in self.peer_bases]
-
-    @property
-    def staging_peers(self) -> list[int]:
-        return [b + self.meta_layout.staging_offset for b in self.peer_bases]
+    def meta_bases(self) -> list[int]:
+        return self.peer_bases
 
     @property
     def pool_peers(self) -> list[int]:
         return [b + self.meta_layout.total_bytes for b in self.peer_bases]
-
-    @property
-    def ll_lines_per_peer(self) -> int:
-        return layout.ll_packets(self.meta_layout.ll_max_bytes)
 
     # ------------------------------------------------------------------ primitives
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
@@ -188,7 +181,8 @@ class Communicator(Collectives):
     @contextlib.contextmanager
     def graph_capture(self) -> Iterator[None]:
         """Calls inside are captured: no host synchronization, pool copies become graph
-        nodes, and the Signal epochs advance on the device at every replay."""
+        nodes, and the Signal epochs advance on the device at every replay. A replay cannot
+        raise: call `check_errors()` after replays (the next eager call also does)."""
         self._capturing = True
         try:
             yield

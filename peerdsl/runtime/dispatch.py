@@ -50,8 +50,17 @@ _ENV = {
 }
 
 
-def thresholds(arch: str) -> Thresholds:
-    """The arch's table with the PEERDSL_* overrides applied."""
+def thresholds(arch: str, capacity: dict[str, int] | None = None) -> Thresholds:
+    """The arch's table with the PEERDSL_* overrides applied, then capped by `capacity`
+    (what a communicator actually allocated: ll_max_bytes, staging_bytes,
+    custom_ar_max_bytes), so no setting can send more bytes than a buffer holds."""
+    t = _with_env(arch)
+    if capacity:
+        t = dataclasses.replace(t, **{k: min(getattr(t, k), int(v)) for k, v in capacity.items()})
+    return t
+
+
+def _with_env(arch: str) -> Thresholds:
     if arch not in TABLES:
         raise ValueError(f"no dispatch table for arch {arch!r}; known: {sorted(TABLES)}")
     values = {}
@@ -81,17 +90,22 @@ def _check_world(world: int) -> None:
                          f"[1, {layout.MAX_RANKS}]")
 
 
+def _staging_fits(t: Thresholds, world: int, packs_per_row: int, nbytes: int) -> bool:
+    """Each rank stages its 1/world share; the shards must split the packs evenly."""
+    return nbytes // world <= t.staging_bytes and packs_per_row % world == 0
+
+
 def two_stage_fits(t: Thresholds, world: int, hidden: int, nbytes: int) -> bool:
     return (world >= t.two_stage_min_world and hidden >= t.two_stage_min_hidden
-            and nbytes // world <= t.staging_bytes and (hidden // 8) % world == 0)
+            and _staging_fits(t, world, hidden // 8, nbytes))
 
 
 def plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype,
                       fp8_out: bool = False, contiguous: bool = True,
-                      quant: str = "per_token") -> str:
+                      quant: str = "per_token", capacity: dict[str, int] | None = None) -> str:
     """The path of fused all-reduce + add + RMSNorm, per SPEC section 5 (first match)."""
     _check_world(world)
-    t = thresholds(arch)
+    t = thresholds(arch, capacity)
     nbytes = rows * hidden * _dtype_bytes(dtype)
     forced = os.environ.get("PEERDSL_FUSED_PATH")
     if world == 1:
@@ -129,8 +143,7 @@ def _check_forced(forced: str, plan: str, t: Thresholds, world: int, hidden: int
             why = f"{nbytes} bytes exceed the custom all-reduce cap {t.custom_ar_max_bytes}"
         elif forced == "ll+rmsnorm" and nbytes > t.ll_max_bytes:
             why = f"{nbytes} bytes exceed the LL cap {t.ll_max_bytes}"
-        elif forced == "fused_2stage" and not (nbytes // world <= t.staging_bytes
-                                               and (hidden // 8) % world == 0):
+        elif forced == "fused_2stage" and not _staging_fits(t, world, hidden // 8, nbytes):
             why = (f"two-stage needs bytes/world <= {t.staging_bytes} and hidden/8 divisible by "
                    f"world ({nbytes} bytes, hidden {hidden}, world {world})")
     if why:
@@ -143,19 +156,18 @@ def fp8_in_epilogue(arch: str, rows: int, hidden: int, dtype) -> bool:
     return rows * hidden * _dtype_bytes(dtype) <= thresholds(arch).ar_quant_max_bytes
 
 
-def plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool = True) -> str:
+def plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool = True,
+                    capacity: dict[str, int] | None = None) -> str:
     """The path of a plain all-reduce of nbytes: local, fallback, ll, 1stage or 2stage."""
     _check_world(world)
-    t = thresholds(arch)
+    t = thresholds(arch, capacity)
     if world == 1:
         return "local"
     if not contiguous or nbytes % 16 or nbytes > t.custom_ar_max_bytes:
         return "fallback"
     if nbytes <= t.ll_max_bytes:
         return "ll"
-    packs = nbytes // 16
-    if (world >= t.two_stage_min_world and packs % world == 0
-            and nbytes // world <= t.staging_bytes):
+    if world >= t.two_stage_min_world and _staging_fits(t, world, nbytes // 16, nbytes):
         return "2stage"
     return "1stage"
 

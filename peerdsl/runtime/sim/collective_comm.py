@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from ... import layout
 from ...ops.registry import load_all
 from ..collectives import Collectives
 from .comm import SimCommunicator
@@ -27,20 +26,8 @@ class SimCollectiveComm(SimCommunicator, Collectives):
         self._ops = load_all()
 
     @property
-    def signal_peers(self) -> list[int]:
-        return self.peer_signals
-
-    @property
-    def ll_peers(self) -> list[int]:
-        return [a + self.ll_offset for a in self.peer_meta]
-
-    @property
-    def staging_peers(self) -> list[int]:
-        return [a + self.staging_offset for a in self.peer_meta]
-
-    @property
-    def ll_lines_per_peer(self) -> int:
-        return layout.ll_packets(self.meta_layout.ll_max_bytes)
+    def meta_bases(self) -> list[int]:
+        return self.peer_meta
 
     def _dev(self, t: torch.Tensor) -> DeviceBuffer:
         return self.to_device(t.contiguous())
