@@ -1,0 +1,93 @@
+"""The GPU Communicator's host side on the CPU: driver, IPC and kernels replaced by fakes, so
+construction, dispatch and the argument tables it launches with are checked in CI."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from peerdsl import layout
+from peerdsl.runtime import communicator as cm
+
+
+class FakeKernel:
+    def __init__(self, log, name, constexprs):
+        self.log, self.name, self.constexprs = log, name, constexprs
+
+    def launch(self, grid, args):
+        self.log.append((self.name, dict(self.constexprs), grid, dict(args)))
+
+
+class FakeLoader:
+    def __init__(self, log):
+        self.log = log
+        self.manifest = types.SimpleNamespace(fp8_format="e4m3fn")
+
+    def kernel(self, name, **constexprs):
+        return FakeKernel(self.log, name, constexprs)
+
+
+@pytest.fixture
+def comm(monkeypatch):
+    log: list = []
+    world, rank = 4, 1
+    fake_dist = types.SimpleNamespace(
+        get_rank=lambda g=None: rank, get_world_size=lambda g=None: world,
+        all_gather_object=lambda out, obj, group=None: out.__setitem__(
+            slice(None), [obj] * world),
+        barrier=lambda group=None: None, get_backend=lambda g=None: "gloo")
+    monkeypatch.setitem(__import__("sys").modules, "torch.distributed", fake_dist)
+    monkeypatch.setattr(torch, "distributed", fake_dist, raising=False)
+    monkeypatch.setattr(cm, "_arch_of", lambda d: "sm_90")
+    monkeypatch.setattr(cm.Communicator, "_make_loader", staticmethod(lambda m: FakeLoader(log)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    from peerdsl.runtime.cuda import ipc
+    opened = iter(range(1, 100))
+    monkeypatch.setattr(ipc, "ipc_export", lambda t, n, device=0: ipc.IpcHandle(b"h" * 64, 0, n))
+    monkeypatch.setattr(ipc, "ipc_open", lambda h, device=0: (next(opened) << 32))
+    c = cm.Communicator(device="cpu", max_size=1 << 20, ll_max_bytes=64 << 10,
+                        staging_bytes=1 << 20)
+    c.log = log
+    return c
+
+
+def test_construction(comm):
+    assert (comm.rank, comm.world, comm.arch, comm.fp8_format) == (1, 4, "sm_90", "e4m3fn")
+    assert comm.max_grid == 33  # four ranks share 132 multiprocessors
+    assert comm.meta_bases[1] == comm._buffer.data_ptr()
+    assert comm.signal_peers == comm.meta_bases
+    assert comm.ll_peers[0] == comm.meta_bases[0] + layout.SIGNAL_BYTES
+    spin = comm._buffer[layout.SIG_SPIN_LIMIT * 4:][:4].view(torch.int32).item()
+    assert spin == 5 * cm.SPIN_ITERATIONS_PER_SECOND
+
+
+def test_fused_paths_and_arguments(comm, monkeypatch):
+    monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
+    x = torch.randn(2, 6144).to(torch.bfloat16)
+    res, w = torch.randn(2, 6144).to(torch.bfloat16), torch.ones(6144, dtype=torch.bfloat16)
+    comm.fused_allreduce_rmsnorm(x, res, w)  # 24 KiB: under the 64 KiB LL scratch
+    assert comm.last_path == "ll+rmsnorm"
+    (ll, cx, grid, args), (rms, _, _, rargs) = comm.log
+    assert (ll, rms, cx) == ("allreduce_ll", "add_rmsnorm", {"T": "bf16", "W": 4})
+    assert args["ll"] == comm.ll_peers and args["rank"] == 1 and args["n_packs"] == 1536
+    assert args["lines_per_peer"] == (64 << 10) // 8 and grid == 6
+    assert rargs["rows"] == 2 and rargs["flags"] == 0
+    comm.log.clear()
+    x = torch.randn(16, 6144).to(torch.bfloat16)
+    res = torch.randn(16, 6144).to(torch.bfloat16)
+    comm.fused_allreduce_rmsnorm(x, res, w, fp8_out=True)  # 192 KiB: two-stage, TP4
+    assert comm.last_path == "fused_2stage"
+    name, cx, grid, args = comm.log[0]
+    assert name == "fused_ar_rms_2stage" and grid == 16
+    assert args["inp"] == comm.pool_peers and args["staging"] == comm.staging_peers
+    assert args["flags"] == 2 and args["q"].dtype == torch.int8
+
+
+def test_pool_limit_sends_big_inputs_to_the_fallback(comm, monkeypatch):
+    monkeypatch.setattr(comm, "_fallback_all_reduce", lambda t: t * 4)
+    x = torch.ones(1 << 20, dtype=torch.bfloat16)  # 2 MiB > the 1 MiB pool
+    assert torch.equal(comm.all_reduce(x), x * 4) and comm.last_path == "fallback"
