@@ -53,7 +53,8 @@ def _fused(comm, x, res, w, path, **opt):
         os.environ.pop("PEERDSL_FUSED_PATH", None)
 
 
-def rank_main(rank: int, world: int, port: int, build: str, steps: int, replays: int) -> dict:
+def rank_main(rank: int, world: int, port: int, build: str, steps: int, replays: int,
+              allocator: str = "ipc") -> dict:
     import torch
     import torch.distributed as dist
     from peerdsl.runtime.communicator import Communicator
@@ -63,8 +64,9 @@ def rank_main(rank: int, world: int, port: int, build: str, steps: int, replays:
                             world_size=world)
     dev = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
     torch.cuda.set_device(dev)
-    comm = Communicator(device=dev, build_dir=build, timeout_s=2.0)
-    report: dict = {"rank": rank, "arch": comm.arch, "checks": 0, "failures": []}
+    comm = Communicator(device=dev, build_dir=build, timeout_s=2.0, allocator=allocator)
+    report: dict = {"rank": rank, "arch": comm.arch, "allocator": allocator, "checks": 0,
+                    "failures": []}
 
     def agree(tag, ts):
         digests = [None] * world
@@ -206,11 +208,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--replays", type=int, default=1000)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--allocator", choices=["ipc", "vmm"], default="ipc",
+                    help="peer memory: CUDA IPC handles (default) or cuMemCreate + fd passing")
     ap.add_argument("--rank-worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_worker:
         rank, world, port = args.rank_worker
-        rep = rank_main(rank, world, port, args.build, args.steps, args.replays)
+        rep = rank_main(rank, world, port, args.build, args.steps, args.replays, args.allocator)
         print("REPORT " + json.dumps(rep), flush=True)
         return 0
     env = start_mps()
@@ -219,6 +223,7 @@ def main() -> int:
         for tp in args.tp:
             port = _free_port()
             procs = [subprocess.Popen([sys.executable, __file__, "--build", args.build,
+                                       "--allocator", args.allocator,
                                        "--steps", str(args.steps), "--replays",
                                        str(args.replays), "--rank-worker", str(r), str(tp),
                                        str(port)], env=env, stdout=subprocess.PIPE,

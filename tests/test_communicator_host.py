@@ -2,6 +2,7 @@
 construction, dispatch and the argument tables it launches with are checked in CI."""
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -28,8 +29,8 @@ class FakeLoader:
         return FakeKernel(self.log, name, constexprs)
 
 
-@pytest.fixture
-def comm(monkeypatch):
+@pytest.fixture(params=["ipc", "vmm"])
+def comm(monkeypatch, request):
     log: list = []
     world, rank = 4, 1
     fake_dist = types.SimpleNamespace(
@@ -49,20 +50,36 @@ def comm(monkeypatch):
     opened = iter(range(1, 100))
     monkeypatch.setattr(ipc, "ipc_export", lambda t, n, device=0: ipc.IpcHandle(b"h" * 64, 0, n))
     monkeypatch.setattr(ipc, "ipc_open", lambda h, device=0: (next(opened) << 32))
+    from peerdsl.runtime.cuda import fdexchange, vmm
+    freed = []
+    monkeypatch.setattr(vmm, "vmm_alloc", lambda n, d: vmm.VmmAllocation(7 << 40, n, "h", d,
+                                                                         False))
+    monkeypatch.setattr(vmm, "vmm_export_fd", lambda a: os.open(os.devnull, os.O_RDONLY))
+    monkeypatch.setattr(vmm, "vmm_import_fd", lambda fd, n, d: vmm.VmmAllocation(
+        (fd + 100) << 32, n, "p", d, True))
+    monkeypatch.setattr(vmm, "vmm_free", lambda a: freed.append(a))
+    monkeypatch.setattr(fdexchange, "exchange_fds", lambda fd, r, w, ag: [
+        None if p == r else os.open(os.devnull, os.O_RDONLY) for p in range(w)])
+    monkeypatch.setattr(cm, "_device_bytes", lambda ptr, n, d: torch.zeros(n, dtype=torch.uint8))
     c = cm.Communicator(device="cpu", max_size=1 << 20, ll_max_bytes=64 << 10,
-                        staging_bytes=1 << 20)
-    c.log = log
+                        staging_bytes=1 << 20, allocator=request.param)
+    c.log, c.freed = log, freed
     return c
 
 
-def test_construction(comm):
+def test_construction_and_close(comm):
     assert (comm.rank, comm.world, comm.arch, comm.fp8_format) == (1, 4, "sm_90", "e4m3fn")
     assert comm.max_grid == 33  # four ranks share 132 multiprocessors
-    assert comm.meta_bases[1] == comm._buffer.data_ptr()
+    own = comm._buffer.data_ptr() if comm.allocator == "ipc" else 7 << 40
+    assert comm.meta_bases[1] == own and len(set(comm.meta_bases)) == 4
     assert comm.signal_peers == comm.meta_bases
     assert comm.ll_peers[0] == comm.meta_bases[0] + layout.SIGNAL_BYTES
     spin = comm._buffer[layout.SIG_SPIN_LIMIT * 4:][:4].view(torch.int32).item()
     assert spin == 5 * cm.SPIN_ITERATIONS_PER_SECOND
+    if comm.allocator == "vmm":
+        from peerdsl.runtime.cuda import ipc  # noqa: F401 - the ipc path is not used
+        comm.close()
+        assert len(comm.freed) == 4  # three peers' mappings and its own allocation
 
 
 def test_fused_paths_and_arguments(comm, monkeypatch):

@@ -1,8 +1,10 @@
 """`peerdsl.Communicator`: the collectives on real GPUs, over a torch.distributed group.
 
 Per rank it owns one peer-visible allocation holding the meta buffer of SPEC section 4
-(Signal | LL scratch | staging) and the registered input pool. IPC handles are exchanged
-through the group once; peers' addresses are opened here. Kernels come from the
+(Signal | LL scratch | staging) and the registered input pool: a torch allocation shared by
+CUDA IPC handles (allocator="ipc", the default, proven on the H200), or a cuMemCreate one
+shared as a file descriptor (allocator="vmm": the kind gfx1250 peers need). Handles are
+exchanged through the group once; peers' addresses are opened here. Kernels come from the
 ahead-of-time manifest (no MLIR at run time).
 
 Inputs of the one- and two-stage kernels are copied into the registered pool on the caller's
@@ -27,6 +29,14 @@ MiB = 1 << 20
 SPIN_ITERATIONS_PER_SECOND = 2_000_000  # a system-scope poll takes >= 0.5 us on every target
 
 
+def _device_bytes(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over device memory torch did not allocate (it does not own it)."""
+    class _Raw:
+        __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (ptr, False), "version": 3}
+    return torch.as_tensor(_Raw(), device=device)
+
+
 def _arch_of(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     if torch.version.hip is not None:
@@ -41,9 +51,12 @@ class Communicator(Collectives):
                  build_dir: str | None = None, timeout_s: float = 5.0,
                  ll_max_bytes: int = layout.LL_MAX_BYTES,
                  staging_bytes: int = layout.STAGING_BYTES, max_grid: int | None = None,
-                 check_errors: bool = True):
+                 check_errors: bool = True, allocator: str = "ipc"):
         import torch.distributed as dist
-        from .cuda.ipc import ipc_export, ipc_open
+        if allocator not in ("ipc", "vmm"):
+            raise ValueError(f"allocator {allocator!r} is not one of 'ipc' (cudaMalloc memory "
+                             "shared by IPC handles) or 'vmm' (cuMemCreate memory shared as "
+                             "file descriptors)")
 
         self._dist, self.group = dist, group
         self.rank = dist.get_rank(group)
@@ -71,15 +84,22 @@ class Communicator(Collectives):
         self._kernels: dict[tuple, Any] = {}
 
         total = self.meta_layout.total_bytes + max_size
-        self._buffer = torch.zeros(total, dtype=torch.uint8, device=self.device)
+        self.allocator = allocator
+        self._opened: list[Any] = []  # peers' mappings, released by close()
+        self.peer_bases = self._share_vmm(total) if allocator == "vmm" else self._share_ipc(total)
         self._pool = self._buffer[self.meta_layout.total_bytes:]
         self.set_timeout(timeout_s)
         torch.cuda.synchronize(self.device)
+        dist.barrier(group=group)
+
+    def _share_ipc(self, total: int) -> list[int]:
+        """Every rank's address of a zeroed torch allocation, through CUDA IPC handles."""
+        from .cuda.ipc import IpcHandle, ipc_close, ipc_export, ipc_open
+        self._buffer = torch.zeros(total, dtype=torch.uint8, device=self.device)
+        torch.cuda.synchronize(self.device)
         handle = ipc_export(self._buffer, total, device=self.dev_index).to_bytes()
         handles: list[Any] = [None] * self.world
-        dist.all_gather_object(handles, handle, group=group)
-        from .cuda.ipc import IpcHandle
-        self._opened: list[int] = []
+        self._dist.all_gather_object(handles, handle, group=self.group)
         bases = []
         try:
             for r, h in enumerate(handles):
@@ -90,12 +110,43 @@ class Communicator(Collectives):
                     self._opened.append(addr)
                     bases.append(addr)
         except BaseException:
-            from .cuda.ipc import ipc_close
             for addr in self._opened:  # what was mapped before the failure
                 ipc_close(addr)
             raise
-        self.peer_bases = bases
-        dist.barrier(group=group)
+        return bases
+
+    def _share_vmm(self, total: int) -> list[int]:
+        """Every rank's address of a cuMemCreate allocation (what gfx1250 peers need),
+        exported as a file descriptor and passed to each peer over a unix socket."""
+        from .cuda import vmm
+        from .cuda.fdexchange import exchange_fds
+        own = vmm.vmm_alloc(total, self.dev_index)
+        self._vmm_own = own
+        self._buffer = _device_bytes(own.ptr, total, self.device)
+        self._buffer.zero_()
+        fd = vmm.vmm_export_fd(own)
+        try:
+            fds = exchange_fds(fd, self.rank, self.world, lambda out, obj:
+                               self._dist.all_gather_object(out, obj, group=self.group))
+        finally:
+            os.close(fd)
+        bases = []
+        try:
+            for r, peer_fd in enumerate(fds):
+                if peer_fd is None:
+                    bases.append(own.ptr)
+                    continue
+                try:
+                    mapped = vmm.vmm_import_fd(peer_fd, own.size, self.dev_index)
+                finally:
+                    os.close(peer_fd)
+                self._opened.append(mapped)
+                bases.append(mapped.ptr)
+        except BaseException:
+            for mapped in self._opened:
+                vmm.vmm_free(mapped)
+            raise
+        return bases
 
     @staticmethod
     def _make_loader(manifest: str) -> Any:
@@ -191,13 +242,20 @@ class Communicator(Collectives):
 
     def close(self) -> None:
         """Release peer mappings and this rank's memory (collective)."""
-        from .cuda.ipc import ipc_close
         torch.cuda.synchronize(self.device)
-        self._dist.barrier(group=self.group)
-        for addr in self._opened:
-            ipc_close(addr)
+        self._dist.barrier(group=self.group)  # no peer reads this rank's memory any more
+        if self.allocator == "vmm":
+            from .cuda import vmm
+            for mapped in self._opened:
+                vmm.vmm_free(mapped)
+        else:
+            from .cuda.ipc import ipc_close
+            for addr in self._opened:
+                ipc_close(addr)
         self._opened = []
         self._buffer = self._pool = None  # type: ignore[assignment]
+        if self.allocator == "vmm":
+            vmm.vmm_free(self._vmm_own)
         self._dist.barrier(group=self.group)
 
     def __enter__(self) -> "Communicator":
