@@ -217,7 +217,9 @@ def main() -> int:
         rep = rank_main(rank, world, port, args.build, args.steps, args.replays, args.allocator)
         print("REPORT " + json.dumps(rep), flush=True)
         return 0
-    env = start_mps()
+    import torch
+    # ranks share a GPU only when there are fewer GPUs than ranks: then MPS runs them together
+    env = start_mps() if torch.cuda.device_count() < max(args.tp) else dict(os.environ)
     summary = {}
     try:
         for tp in args.tp:
@@ -242,7 +244,8 @@ def main() -> int:
                   f"{sum(r.get('checks', 0) for r in reports)} checks; "
                   + json.dumps(reports[0])[:1500], flush=True)
     finally:
-        stop_mps(env)
+        if "CUDA_MPS_PIPE_DIRECTORY" in env and env is not os.environ:
+            stop_mps(env)
     path = args.json or (os.path.join(os.environ["OUT"], "gpu_collectives.json")
                          if os.environ.get("OUT") else None)
     if path:
