@@ -224,7 +224,8 @@ def main() -> int:
     summary = {"bandwidth_Bps": copy_bandwidth(torch, dev), "hidden": args.hidden,
                "single_gpu": single_gpu(torch, args.build, args.hidden[0], dev)}
     print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
-    env = start_mps() if torch.cuda.device_count() < max(args.tp) else dict(os.environ)
+    shared = torch.cuda.device_count() < max(args.tp)  # ranks share a GPU: run them under MPS
+    env = start_mps() if shared else dict(os.environ)
     try:
         for tp in args.tp:
             port = _free_port()
@@ -248,7 +249,7 @@ def main() -> int:
                 reps.append(got[0])
             summary[f"tp{tp}"] = merge(reps)
     finally:
-        if env is not os.environ and "CUDA_MPS_PIPE_DIRECTORY" in env:
+        if shared:
             stop_mps(env)
     path = args.json or (os.path.join(os.environ["OUT"], "bench.json")
                          if os.environ.get("OUT") else "bench.json")

@@ -219,7 +219,8 @@ def main() -> int:
         return 0
     import torch
     # ranks share a GPU only when there are fewer GPUs than ranks: then MPS runs them together
-    env = start_mps() if torch.cuda.device_count() < max(args.tp) else dict(os.environ)
+    shared = torch.cuda.device_count() < max(args.tp)
+    env = start_mps() if shared else dict(os.environ)
     summary = {}
     try:
         for tp in args.tp:
@@ -244,7 +245,7 @@ def main() -> int:
                   f"{sum(r.get('checks', 0) for r in reports)} checks; "
                   + json.dumps(reports[0])[:1500], flush=True)
     finally:
-        if "CUDA_MPS_PIPE_DIRECTORY" in env and env is not os.environ:
+        if shared:
             stop_mps(env)
     path = args.json or (os.path.join(os.environ["OUT"], "gpu_collectives.json")
                          if os.environ.get("OUT") else None)
