@@ -16,7 +16,8 @@ class FakeKernel:
     def __init__(self, log, name, constexprs):
         self.log, self.name, self.constexprs = log, name, constexprs
 
-    def launch(self, grid, args):
+    def launch(self, grid, args, trusted=False):
+        assert trusted  # the communicator checks its inputs, then takes the fast path
         self.log.append((self.name, dict(self.constexprs), grid, dict(args)))
 
 

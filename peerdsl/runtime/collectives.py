@@ -7,6 +7,7 @@ argument tables and output shapes. Inputs are checked before any kernel runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -79,23 +80,24 @@ class Collectives:
     pool_bytes: int | None = None
 
     # ------------------------------------------------------------------ the meta buffer
-    @property
+    # (fixed once the communicator is set up: computed on first use, not on every call)
+    @functools.cached_property
     def signal_peers(self) -> list[int]:
         return [b + self.meta_layout.signal_offset for b in self.meta_bases]
 
-    @property
+    @functools.cached_property
     def ll_peers(self) -> list[int]:
         return [b + self.meta_layout.ll_offset for b in self.meta_bases]
 
-    @property
+    @functools.cached_property
     def staging_peers(self) -> list[int]:
         return [b + self.meta_layout.staging_offset for b in self.meta_bases]
 
-    @property
+    @functools.cached_property
     def ll_lines_per_peer(self) -> int:
         return layout.ll_packets(self.meta_layout.ll_max_bytes)
 
-    @property
+    @functools.cached_property
     def capacity(self) -> dict[str, int]:
         """What this communicator allocated: dispatch never plans past it."""
         cap = {"ll_max_bytes": self.meta_layout.ll_max_bytes,

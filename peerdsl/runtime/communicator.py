@@ -15,6 +15,7 @@ replay advances them like eager calls do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any, Iterator
 
@@ -163,7 +164,7 @@ class Communicator(Collectives):
     def meta_bases(self) -> list[int]:
         return self.peer_bases
 
-    @property
+    @functools.cached_property
     def pool_peers(self) -> list[int]:
         return [b + self.meta_layout.total_bytes for b in self.peer_bases]
 
@@ -197,7 +198,7 @@ class Communicator(Collectives):
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = self.loader.kernel(name, **constexprs)
-        kernel.launch(grid, args)
+        kernel.launch(grid, args, trusted=True)  # Collectives checked every input
         if self.check_each_call and not local and not self._capturing:
             self.check_errors(name)
 

@@ -54,10 +54,21 @@ def thresholds(arch: str, capacity: dict[str, int] | None = None) -> Thresholds:
     """The arch's table with the PEERDSL_* overrides applied, then capped by `capacity`
     (what a communicator actually allocated: ll_max_bytes, staging_bytes,
     custom_ar_max_bytes), so no setting can send more bytes than a buffer holds."""
-    t = _with_env(arch)
-    if capacity:
-        t = dataclasses.replace(t, **{k: min(getattr(t, k), int(v)) for k, v in capacity.items()})
+    # cached on the inputs (the env values included), so a change of PEERDSL_* still applies
+    # at once while a call on the hot path costs a few dictionary lookups
+    key = (arch, tuple(os.environ.get(env) for env in _ENV.values()),
+           tuple(sorted(capacity.items())) if capacity else ())
+    t = _CACHE.get(key)
+    if t is None:
+        t = _with_env(arch)
+        if capacity:
+            t = dataclasses.replace(t, **{k: min(getattr(t, k), int(v))
+                                          for k, v in capacity.items()})
+        _CACHE[key] = t
     return t
+
+
+_CACHE: dict[tuple, Thresholds] = {}
 
 
 def _with_env(arch: str) -> Thresholds:
