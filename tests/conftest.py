@@ -1,5 +1,7 @@
 import pytest
 
+from cuda_fakes import PEER_LAYOUT, VA_LAYOUT, FakeDriver
+
 
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
@@ -9,3 +11,24 @@ def pytest_addoption(parser):
 @pytest.fixture
 def long_run(request) -> bool:
     return bool(request.config.getoption("--long"))
+
+
+# the fake CUDA driver and a small sm_90 manifest, for the loader and memory tests
+@pytest.fixture
+def fake():
+    from peerdsl.runtime import cuda as pcuda
+    from peerdsl.runtime.cuda import _driver
+    pcuda.clear_caches()
+    drv = FakeDriver(param_layout={"vector_add_bf16": VA_LAYOUT, "vector_add_f16": VA_LAYOUT,
+                                   "peer_probe_w8": PEER_LAYOUT})
+    with _driver.use_driver(drv):
+        yield drv
+    pcuda.clear_caches()
+
+
+@pytest.fixture
+def man(tmp_path):
+    from peerdsl.runtime.manifest import load_manifest
+    from test_runtime_loader_helpers import write_manifest
+    write_manifest(tmp_path)
+    return load_manifest(tmp_path, "sm_90")
