@@ -21,7 +21,8 @@ import threading
 from typing import Any, Mapping
 
 from ..kernarg import LaunchBuffer, dim3
-from ..manifest import KernelEntry, Manifest, load_manifest
+from ..loader_base import ManifestLoader
+from ..manifest import KernelEntry, Manifest
 from ._driver import check, driver
 
 __all__ = ["CudaKernel", "CudaLoader", "ensure_context", "default_device", "stream_handle",
@@ -198,30 +199,17 @@ class CudaKernel:
               f"cuLaunchKernel({e.name}, grid={g}, block={e.block_size}, smem={smem})")
 
 
-class CudaLoader:
+class CudaLoader(ManifestLoader):
     """Kernels of one sm_90 manifest on one device; modules cached per (device, sha256)."""
+
+    vendor, vendor_name = "nvidia", "NVIDIA"
 
     def __init__(self, manifest: Manifest | str | os.PathLike, *, device: int | None = None,
                  mode: str = "params"):
-        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(
-            manifest, "sm_90")
-        if self.manifest.vendor != "nvidia":
-            raise ValueError(f"CudaLoader needs an NVIDIA manifest, got {self.manifest.arch}")
-        self.device = default_device() if device is None else int(device)
+        super().__init__(manifest, "sm_90", default_device() if device is None else int(device))
         self.mode = mode
-        self._kernels: dict[str, CudaKernel] = {}
 
-    def kernel(self, op: str, **constexprs: Any) -> CudaKernel:
-        """The kernel of `op` with these constexprs (JSON names: T='bf16' or torch dtypes)."""
-        return self.load(self.manifest.find(op, constexprs))
-
-    def instance(self, name: str) -> CudaKernel:
-        return self.load(self.manifest.get(name))
-
-    def load(self, entry: KernelEntry) -> CudaKernel:
-        k = self._kernels.get(entry.name)
-        if k is not None:
-            return k
+    def _load(self, entry: KernelEntry) -> CudaKernel:
         drv = driver()
         ensure_context(self.device)
         with _LOCK:
@@ -238,5 +226,4 @@ class CudaLoader:
                          f"cuModuleGetFunction({entry.symbol!r} in {entry.path.name})")
         k = CudaKernel(entry, self.device, func, self.mode)
         k._inspect()
-        self._kernels[entry.name] = k
         return k

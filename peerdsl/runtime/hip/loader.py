@@ -13,7 +13,8 @@ import threading
 from typing import Any, Mapping
 
 from ..kernarg import LaunchBuffer, dim3
-from ..manifest import KernelEntry, Manifest, load_manifest
+from ..loader_base import ManifestLoader
+from ..manifest import KernelEntry, Manifest
 from ._api import check, hip
 
 __all__ = ["HipKernel", "HipLoader", "set_device", "stream_handle", "clear_caches"]
@@ -91,28 +92,16 @@ class HipKernel:
               f"hipModuleLaunchKernel({e.name}, grid={g}, block={e.block_size}, smem={smem})")
 
 
-class HipLoader:
+class HipLoader(ManifestLoader):
     """Kernels of one AMD manifest (gfx1250/gfx950/gfx942) on one device."""
+
+    vendor, vendor_name = "amd", "AMD"
 
     def __init__(self, manifest: Manifest | str | os.PathLike, arch: str | None = None, *,
                  device: int | None = None):
-        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(
-            manifest, arch)
-        if self.manifest.vendor != "amd":
-            raise ValueError(f"HipLoader needs an AMD manifest, got {self.manifest.arch}")
-        self.device = default_device() if device is None else int(device)
-        self._kernels: dict[str, HipKernel] = {}
+        super().__init__(manifest, arch, default_device() if device is None else int(device))
 
-    def kernel(self, op: str, **constexprs: Any) -> HipKernel:
-        return self.load(self.manifest.find(op, constexprs))
-
-    def instance(self, name: str) -> HipKernel:
-        return self.load(self.manifest.get(name))
-
-    def load(self, entry: KernelEntry) -> HipKernel:
-        k = self._kernels.get(entry.name)
-        if k is not None:
-            return k
+    def _load(self, entry: KernelEntry) -> HipKernel:
         h = hip()
         set_device(self.device)
         with _LOCK:
@@ -124,6 +113,4 @@ class HipLoader:
                 _MODULES[key] = module
             func = check(h.hipModuleGetFunction(module, entry.symbol.encode()),
                          f"hipModuleGetFunction({entry.symbol!r} in {entry.path.name})")
-        k = HipKernel(entry, self.device, func)
-        self._kernels[entry.name] = k
-        return k
+        return HipKernel(entry, self.device, func)
