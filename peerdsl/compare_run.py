@@ -188,6 +188,8 @@ def run_both(args: argparse.Namespace, ref_cubin: str) -> int:
     sig_d, sig_r = _signals(torch, W), _signals(torch, W)
     sigs_d, sigs_r = [s.data_ptr() for s in sig_d], [s.data_ptr() for s in sig_r]
     xs = [t.data_ptr() for t in x]
+    # the DSL kernel reads its peers' inputs from a device table (RegisteredPtrs)
+    inp_table = torch.tensor(xs + [0] * (layout.MAX_RANKS - W), dtype=torch.int64, device="cuda")
     # arguments packed once per rank: the timed loop only launches
     if args.op == "fused_ar_rms_1stage":
         res = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16)
@@ -198,7 +200,7 @@ def run_both(args: argparse.Namespace, ref_cubin: str) -> int:
         q = torch.empty(rows, H, dtype=torch.int8, device="cuda")
         scale = torch.empty(rows, dtype=torch.float32, device="cuda")
         dsl_args = [dsl.entry.pack({
-            "inp": xs, "residual": res[r], "weight": w, "out": o_d[r], "residual_out": ro_d[r],
+            "inp": inp_table.data_ptr(), "residual": res[r], "weight": w, "out": o_d[r], "residual_out": ro_d[r],
             "q": q, "scale": scale, "sig": sigs_d, "rank": r, "rows": rows, "eps": eps,
             "flags": 0}, device=dev) for r in range(W)]
         ref_args = [ref.pack([_table(xs), _p(res[r].data_ptr()), _p(w.data_ptr()),

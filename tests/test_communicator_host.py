@@ -101,7 +101,8 @@ def test_fused_paths_and_arguments(comm, monkeypatch):
     assert comm.last_path == "fused_2stage"
     name, cx, grid, args = comm.log[0]
     assert name == "fused_ar_rms_2stage" and grid == 16
-    assert args["inp"] == comm.pool_peers and args["staging"] == comm.staging_peers
+    assert args["inp"] == comm.tables.base and args["staging"] == comm.staging_peers
+    assert comm.tables.tensor[0, :4].tolist() == comm.pool_peers
     assert args["flags"] == 2 and args["q"].dtype == torch.int8
 
 
@@ -109,3 +110,38 @@ def test_pool_limit_sends_big_inputs_to_the_fallback(comm, monkeypatch):
     monkeypatch.setattr(comm, "_fallback_all_reduce", lambda t: t * 4)
     x = torch.ones(1 << 20, dtype=torch.bfloat16)  # 2 MiB > the 1 MiB pool
     assert torch.equal(comm.all_reduce(x), x * 4) and comm.last_path == "fallback"
+
+
+def test_graph_capture_reads_inputs_in_place_and_registers_them_after(comm, monkeypatch):
+    monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
+    capturing = [False]
+    monkeypatch.setattr(comm, "_stream_capturing", lambda: capturing[0])
+    w = torch.ones(6144, dtype=torch.bfloat16)
+    warm = torch.full((16, 6144), 2.0).to(torch.bfloat16)
+    x = torch.full((16, 6144), 3.0).to(torch.bfloat16)
+    res = torch.zeros(16, 6144, dtype=torch.bfloat16)
+    with comm.graph_capture():
+        comm.fused_allreduce_rmsnorm(warm, res, w)  # eager warm-up: copied into the pool
+        assert comm.log[-1][3]["inp"] == comm.tables.base
+        capturing[0] = True
+        comm.fused_allreduce_rmsnorm(x, res, w)
+        comm.all_gather(x)
+        capturing[0] = False
+        assert comm.log[-2][3]["inp"] == comm.tables.row_address(1)
+        assert comm.log[-1][3]["inp"] == comm.tables.row_address(2)
+        assert not comm.tables.tensor[1:3].any()  # filled only when the capture ends
+    pool = comm._pool[:x.numel() * 2].view(torch.bfloat16)
+    assert torch.equal(pool, warm.view(-1))  # the captured calls copied nothing
+    for row in (1, 2):
+        addrs = comm.tables.tensor[row].tolist()
+        assert addrs[comm.rank] == x.data_ptr() and addrs[4:] == [0] * 4
+        peers = [a for r, a in enumerate(addrs[:4]) if r != comm.rank]
+        assert all(peers) and len(set(peers)) == 3
+    assert len(comm._graph_opened) == 6
+
+
+def test_graph_capture_must_enclose_the_torch_capture(comm, monkeypatch):
+    monkeypatch.setattr(comm, "_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="outside torch.cuda.graph"):
+        with comm.graph_capture():
+            pass

@@ -16,7 +16,7 @@ import torch
 
 import peerdsl.sim
 from peerdsl import dsl, layout
-from peerdsl.dsl import PeerPtrs, Ptr, constexpr
+from peerdsl.dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from peerdsl.ops import allreduce_ll as ll_mod
 from peerdsl.ops import registry
 from peerdsl.ops._rows import NORM_BLOCK
@@ -100,7 +100,7 @@ class OwnCounterSignal(dsl.Signal):
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
-def fused_2stage_own_counters(inp: PeerPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
+def fused_2stage_own_counters(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
                               weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                               q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                               rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,

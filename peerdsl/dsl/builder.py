@@ -22,6 +22,7 @@ class _State:
         self.block_size: int = 0
         self.constexprs: dict[str, Any] = {}
         self.signals: list[Any] = []  # Signals made by the kernel: each must be finished
+        self.entry_ops = 0  # ops spliced at the top of the kernel body (emit_at_entry)
 
 
 _state: _State | None = None
@@ -78,6 +79,22 @@ def emit(name: str, operands: list[ir.Value], result_types: list[Any], **attrs: 
     op.results = [ir.Value(t, op) for t in result_types]
     st.blocks[-1].ops.append(op)
     return op
+
+
+def emit_at_entry(build: Any) -> Any:
+    """Run `build()` with its ops placed at the top of the kernel body, whatever control flow
+    the trace is in, so the values it makes dominate every later use."""
+    st = state()
+    scratch = ir.Block()
+    st.blocks.append(scratch)
+    try:
+        result = build()
+    finally:
+        st.blocks.pop()
+    body = st.blocks[0]
+    body.ops[st.entry_ops:st.entry_ops] = scratch.ops
+    st.entry_ops += len(scratch.ops)
+    return result
 
 
 def emit_shared(name: str, elem: Any, count: int, reuse: bool = False) -> ir.Op:

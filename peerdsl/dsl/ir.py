@@ -19,6 +19,7 @@ Op catalogue (name: operands -> results; attrs):
   ptr_offset: p, idx -> p2                (idx counts elements of p's element type)
   ptr_cast: p -> p2                       (same address, new element type)
   ptr_select: idx, p0..pn-1 -> p          (dynamic index into a peer-pointer table)
+  int_to_ptr: i64 -> p                    (an address read from memory, e.g. a peer table)
   load: p -> v; scope, order, nontemporal
   store: p, v; scope, order, nontemporal
   atomic: p, v -> old; kind in add max umax xchg, scope, order

@@ -7,8 +7,9 @@ import threading
 from typing import Any, Callable
 
 from . import ir
-from .builder import TraceError, emit, tracing
+from .builder import TraceError, emit, emit_at_entry, tracing
 from .transform import traceable
+from .memory import load
 from .values import Pointer, Scalar, as_scalar
 
 MAX_PEERS = 8
@@ -20,21 +21,25 @@ class constexpr:
 
 
 class _PtrAnnotation:
-    def __init__(self, elem: Any, table: bool = False):
+    def __init__(self, elem: Any, kind: str):
         self.elem = elem  # an ir type, or the name of a constexpr holding a dtype
-        self.table = table
+        self.kind = kind  # "one", "by_value" or "in_memory"
 
 
 class _PtrFactory:
-    def __init__(self, table: bool):
-        self.table = table
+    def __init__(self, kind: str):
+        self.kind = kind
 
     def __getitem__(self, elem: Any) -> _PtrAnnotation:
-        return _PtrAnnotation(elem, self.table)
+        return _PtrAnnotation(elem, self.kind)
 
 
-Ptr = _PtrFactory(table=False)
-PeerPtrs = _PtrFactory(table=True)  # up to 8 peer pointers, passed by value
+Ptr = _PtrFactory("one")
+PeerPtrs = _PtrFactory("by_value")  # up to 8 peer pointers, passed as kernel arguments
+# Peer pointers of a registered buffer, read at kernel entry from a table of MAX_PEERS
+# addresses in device memory: the launch passes the table's address. The runtime can fill
+# the table after a graph is captured, so replays read buffers registered after capture.
+RegisteredPtrs = _PtrFactory("in_memory")
 
 
 def dtype_of(x: Any) -> ir.ScalarType:
@@ -79,6 +84,28 @@ class PeerTable:
         rank = as_scalar(rank)
         t = self.ptrs[0].type
         return Pointer(emit("ptr_select", [rank.v] + [p.v for p in self.ptrs], [t]).result)
+
+
+class RegisteredTable(PeerTable):
+    """Peer pointers loaded from a device-side table; each entry is loaded once, at kernel
+    entry, on first use."""
+
+    def __init__(self, table: Pointer, ptype: ir.PtrType):
+        super().__init__([None] * MAX_PEERS)  # type: ignore[list-item]
+        self.table, self.ptype = table, ptype
+
+    def _entry(self, index: Any) -> Pointer:
+        addr = load(self.table + index)
+        return Pointer(emit("int_to_ptr", [addr.v], [self.ptype]).result)
+
+    def __getitem__(self, rank: Any) -> Pointer:
+        if isinstance(rank, int):
+            if not 0 <= rank < MAX_PEERS:
+                raise TraceError(f"peer index {rank} out of range [0, {MAX_PEERS})")
+            if self.ptrs[rank] is None:
+                self.ptrs[rank] = emit_at_entry(lambda: self._entry(rank))
+            return self.ptrs[rank]
+        return self._entry(as_scalar(rank))
 
 
 class Kernel:
@@ -147,20 +174,26 @@ class Kernel:
                                          f"but {elem!r} is not a constexpr of the kernel")
                     elem = constexprs[elem]
                 ptype = ir.PtrType(dtype_of(elem), "global")
-                count = MAX_PEERS if ann.table else 1
+                if ann.kind == "in_memory":
+                    v = ir.Value(ir.PtrType(ir.i64, "global"), body)
+                    params.append(ir.Param(name, v.type, v))
+                    call_args[name] = RegisteredTable(Pointer(v), ptype)
+                    continue
+                table = ann.kind == "by_value"
                 ptrs = []
-                for i in range(count):
+                for i in range(MAX_PEERS if table else 1):
                     v = ir.Value(ptype, body)
-                    params.append(ir.Param(f"{name}_{i}" if ann.table else name, ptype, v))
+                    params.append(ir.Param(f"{name}_{i}" if table else name, ptype, v))
                     ptrs.append(Pointer(v))
-                call_args[name] = PeerTable(ptrs) if ann.table else ptrs[0]
+                call_args[name] = PeerTable(ptrs) if table else ptrs[0]
             elif isinstance(ann, ir.ScalarType) and ann in (ir.i32, ir.i64, ir.f32):
                 v = ir.Value(ann, body)
                 params.append(ir.Param(name, ann, v))
                 call_args[name] = Scalar(v)
             else:
                 raise TraceError(f"kernel {self.name}: parameter {name!r} needs an annotation: "
-                                 "Ptr[dtype], PeerPtrs[dtype], i32, i64, f32 or constexpr")
+                                 "Ptr[dtype], PeerPtrs[dtype], RegisteredPtrs[dtype], i32, i64, "
+                                 "f32 or constexpr")
         body.args = [p.value for p in params]
         with tracing(block_size, constexprs) as st:
             st.blocks.append(body)

@@ -213,6 +213,13 @@ class OpsMixin:
                    and src.space == dst.space, f"ptr_cast {src} -> {dst}")
         self.names[op.result.id] = self.use(op.operands[0])  # opaque pointers: same value
 
+    def op_int_to_ptr(self, op: ir.Op) -> None:
+        src = op.operands[0]
+        self.check(src.type == ir.i64 and isinstance(op.result.type, ir.PtrType),
+                   f"int_to_ptr of {src.type} to {op.result.type}")
+        self.emit(f"{self.bind(op.result)} = llvm.inttoptr {self.use(src)} : i64 to "
+                  f"{mlir_type(op.result.type)}")
+
     def op_ptr_select(self, op: ir.Op) -> None:
         idx, ptrs = op.operands[0], op.operands[1:]
         self.check(idx.type in (ir.i32, ir.i64) and ptrs and all(p.type == op.result.type for p in ptrs),

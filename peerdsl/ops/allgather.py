@@ -1,12 +1,12 @@
 """All-gather of registered inputs: out[r] = input of rank r, moved as 16-byte packs."""
 from .. import dsl
-from ..dsl import PeerPtrs, Ptr, constexpr
+from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import BLOCK, WORLDS, global_thread, grid_threads
 from .registry import register
 
 
 @dsl.kernel(block_size=BLOCK)
-def allgather(inp: PeerPtrs[dsl.i32], out: Ptr[dsl.i32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
+def allgather(inp: RegisteredPtrs[dsl.i32], out: Ptr[dsl.i32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
               n_packs: dsl.i32, W: constexpr):
     signal = dsl.Signal(sig, rank, W)
     signal.start()

@@ -1,13 +1,13 @@
 """One-stage all-reduce: every rank reads every peer's registered input and sums in rank
 order (SPEC 2.1), between a start barrier (inputs staged) and an end barrier (done reading)."""
 from .. import dsl
-from ..dsl import PeerPtrs, Ptr, constexpr
+from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import BLOCK, WORLDS, global_thread, grid_threads, rank_order_sum
 from .registry import register
 
 
 @dsl.kernel(block_size=BLOCK)
-def allreduce_1stage(inp: PeerPtrs["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
+def allreduce_1stage(inp: RegisteredPtrs["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
                      n_packs: dsl.i32, T: constexpr, W: constexpr):
     signal = dsl.Signal(sig, rank, W)
     signal.start()

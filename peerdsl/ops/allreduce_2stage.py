@@ -5,13 +5,13 @@ Block b of every rank handles the same shard-relative indices in both stages, so
 per-block Signal barrier between the stages covers exactly the data block b reads.
 """
 from .. import dsl
-from ..dsl import PeerPtrs, Ptr, constexpr
+from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import BLOCK, WORLDS, global_thread, grid_threads, rank_order_sum
 from .registry import register
 
 
 @dsl.kernel(block_size=BLOCK)
-def allreduce_2stage(inp: PeerPtrs["T"], staging: PeerPtrs["T"], out: Ptr["T"],
+def allreduce_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], out: Ptr["T"],
                      sig: PeerPtrs[dsl.i32], rank: dsl.i32, shard_packs: dsl.i32,
                      T: constexpr, W: constexpr):
     # shard_packs: packs per shard; the input holds W * shard_packs packs (padded by the host)

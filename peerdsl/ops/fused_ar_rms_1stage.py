@@ -6,7 +6,7 @@ rounds to T (the all-reduce result the unfused path would hold), then runs the s
 as the add + RMSNorm kernel with the same thread mapping, so the bytes are identical.
 """
 from .. import dsl
-from ..dsl import PeerPtrs, Ptr, constexpr
+from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid,
                     residual_norm_row, row_geometry)
@@ -29,7 +29,7 @@ def reduce_row_packs(inp, row, H, T, W):
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
-def fused_ar_rms_1stage(inp: PeerPtrs["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
+def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                         residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                         sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
                         flags: dsl.i32, T: constexpr, H: constexpr, W: constexpr,

@@ -8,7 +8,7 @@ same epilogue as add + RMSNorm. Block b handles the same rows in both stages, so
 per-block barrier covers everything it reads.
 """
 from .. import dsl
-from ..dsl import PeerPtrs, Ptr, constexpr
+from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid,
                     residual_norm_row, row_geometry)
@@ -50,7 +50,7 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
-def fused_ar_rms_2stage(inp: PeerPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
+def fused_ar_rms_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
                         weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                         q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                         rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,

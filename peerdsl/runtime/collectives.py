@@ -71,7 +71,8 @@ class Collectives:
         _addr(buf) -> int         the device address of a buffer from _dev/_new
         _new(shape, dtype) -> int a fresh device buffer
         _get(addr, shape, dtype) -> torch.Tensor  the result as a tensor of the caller
-        _stage(t) -> list[int]    copy t into the registered input pool; every rank's address
+        _stage(t) -> int          t where every rank can read it: the device address of a
+                                  table of every rank's address of it (RegisteredPtrs)
         _launch(name, constexprs, grid, args)     a kernel launch (collective ones on all ranks)
         _fallback_all_reduce(t) -> torch.Tensor   the library all-reduce (torch.distributed)
     """

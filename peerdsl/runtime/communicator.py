@@ -7,10 +7,13 @@ shared as a file descriptor (allocator="vmm": the kind gfx1250 peers need). Hand
 exchanged through the group once; peers' addresses are opened here. Kernels come from the
 ahead-of-time manifest (no MLIR at run time).
 
-Inputs of the one- and two-stage kernels are copied into the registered pool on the caller's
-stream (a copy node under graph capture, so replays read the pool at the same addresses);
-the LL path reads its input in place. Signal and epochs live in device memory, so graph
-replay advances them like eager calls do.
+The one- and two-stage kernels read their peers' inputs through a device-side table of
+addresses (runtime/peer_tables.py). Eager calls copy the input into the registered pool
+(table row 0); under `graph_capture()` each call records its input's address in a fresh row
+and copies nothing, and when the capture ends the recorded buffers are shared through the
+group and their rows filled, so replays read the captured buffers in place. The LL path
+reads its input in place always. Signal and epochs live in device memory, so graph replay
+advances them like eager calls do.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 from .. import layout
 from .collectives import Collectives
 from .errors import CollectiveTimeout
+from .peer_tables import PeerTables
 
 MiB = 1 << 20
 SPIN_ITERATIONS_PER_SECOND = 2_000_000  # a system-scope poll takes >= 0.5 us on every target
@@ -52,7 +56,8 @@ class Communicator(Collectives):
                  build_dir: str | None = None, timeout_s: float = 5.0,
                  ll_max_bytes: int = layout.LL_MAX_BYTES,
                  staging_bytes: int = layout.STAGING_BYTES, max_grid: int | None = None,
-                 check_errors: bool = True, allocator: str = "ipc"):
+                 check_errors: bool = True, allocator: str = "ipc",
+                 max_graph_buffers: int = 16384):
         import torch.distributed as dist
         if allocator not in ("ipc", "vmm"):
             raise ValueError(f"allocator {allocator!r} is not one of 'ipc' (cudaMalloc memory "
@@ -89,6 +94,10 @@ class Communicator(Collectives):
         self._opened: list[Any] = []  # peers' mappings, released by close()
         self.peer_bases = self._share_vmm(total) if allocator == "vmm" else self._share_ipc(total)
         self._pool = self._buffer[self.meta_layout.total_bytes:]
+        # 64 bytes per captured call: 16384 rows cover ~67 graph sizes x 2 calls x 120 layers
+        self.tables = PeerTables(max_graph_buffers + 1, self.world, self.rank, self.device)
+        self.tables.set_row(0, self.pool_peers)
+        self._graph_opened: list[int] = []  # peers' captured buffers mapped here
         self.set_timeout(timeout_s)
         torch.cuda.synchronize(self.device)
         dist.barrier(group=group)
@@ -183,14 +192,20 @@ class Communicator(Collectives):
     def _get(self, buf: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         return buf.view(shape)
 
-    def _stage(self, t: torch.Tensor) -> list[int]:
+    def _stage(self, t: torch.Tensor) -> int:
         t = self._dev(t)
         nbytes = t.numel() * t.element_size()
         if nbytes > self.max_size:
             raise ValueError(f"{nbytes} bytes exceed the registered pool of {self.max_size} "
                              "bytes (Communicator max_size)")
+        if self._capturing and self._stream_capturing():
+            return self.tables.reserve(t.data_ptr(), nbytes)  # registered after the capture
         self._pool[:nbytes].copy_(t.view(-1).view(torch.uint8))
-        return self.pool_peers
+        return self.tables.base
+
+    @staticmethod
+    def _stream_capturing() -> bool:
+        return torch.cuda.is_current_stream_capturing()
 
     def _launch(self, name: str, constexprs: dict, grid: int, args: dict,
                 local: bool = False) -> None:
@@ -232,14 +247,55 @@ class Communicator(Collectives):
     # ------------------------------------------------------------------ graphs, lifetime
     @contextlib.contextmanager
     def graph_capture(self) -> Iterator[None]:
-        """Calls inside are captured: no host synchronization, pool copies become graph
-        nodes, and the Signal epochs advance on the device at every replay. A replay cannot
-        raise: call `check_errors()` after replays (the next eager call also does)."""
+        """Wrap `torch.cuda.graph(...)` captures (any number) in this, on every rank:
+
+            with comm.graph_capture():
+                with torch.cuda.graph(g):
+                    y = comm.fused_allreduce_rmsnorm(x, residual, weight)
+
+        Captured calls read their inputs in place (no copy into the pool); their buffers are
+        registered with the peers when this context exits, which is collective. Eager calls
+        inside (warm-up) behave as outside. A replay cannot raise: call `check_errors()`
+        after replays (the next eager call also does)."""
         self._capturing = True
         try:
             yield
+        except BaseException:
+            self.tables.pending.clear()  # the capture failed: nothing to register
+            raise
         finally:
             self._capturing = False
+        if self._stream_capturing():
+            raise RuntimeError("comm.graph_capture() ended while a CUDA graph capture is still "
+                               "running: enter graph_capture() outside torch.cuda.graph(), so "
+                               "buffers are registered after the capture ends")
+        self.register_graph_buffers()
+
+    def register_graph_buffers(self) -> int:
+        """Collective: give the peers every input captured since the last call and fill
+        their table rows. graph_capture() calls it; returns how many buffers."""
+        from .cuda.ipc import IpcHandle, ipc_export, ipc_open
+
+        def export(address: int, nbytes: int) -> bytes:
+            try:
+                return ipc_export(address, nbytes, device=self.dev_index).to_bytes()
+            except Exception as e:
+                raise RuntimeError(
+                    f"the captured input at {address:#x} ({nbytes} bytes) cannot be shared by "
+                    "CUDA IPC (is torch's expandable_segments allocator on? it gives VMM "
+                    f"memory IPC handles cannot export): {e}") from e
+
+        def open_peer(wire: bytes) -> int:
+            address = ipc_open(IpcHandle.from_bytes(wire), device=self.dev_index)
+            self._graph_opened.append(address)
+            return address
+
+        def exchange(obj: Any) -> list:
+            out: list[Any] = [None] * self.world
+            self._dist.all_gather_object(out, obj, group=self.group)
+            return out
+
+        return self.tables.register_pending(exchange, export, open_peer)
 
     def close(self) -> None:
         """Release peer mappings and this rank's memory (collective)."""
@@ -253,7 +309,11 @@ class Communicator(Collectives):
             from .cuda.ipc import ipc_close
             for addr in self._opened:
                 ipc_close(addr)
-        self._opened = []
+        if self._graph_opened:
+            from .cuda.ipc import ipc_close
+            for addr in self._graph_opened:
+                ipc_close(addr)
+        self._opened, self._graph_opened = [], []
         self._buffer = self._pool = None  # type: ignore[assignment]
         if self.allocator == "vmm":
             vmm.vmm_free(self._vmm_own)

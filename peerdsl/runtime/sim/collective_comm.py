@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ... import layout
 from ...ops.registry import load_all
 from ..collectives import Collectives
 from .comm import SimCommunicator
@@ -23,6 +24,8 @@ class SimCollectiveComm(SimCommunicator, Collectives):
         self.arch = self.target
         self._pool: DeviceBuffer | None = None
         self._pool_peers: list[int] = []
+        # the registered-input table the RegisteredPtrs kernels read (layout.MAX_RANKS wide)
+        self._pool_table = self.alloc((layout.MAX_RANKS,), torch.int64, "pool peer table")
         self._ops = load_all()
 
     @property
@@ -41,7 +44,11 @@ class SimCollectiveComm(SimCommunicator, Collectives):
     def _get(self, buf: DeviceBuffer, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         return self.to_torch(buf, shape, dtype)
 
-    def _stage(self, t: torch.Tensor) -> list[int]:
+    @property
+    def pool_peers(self) -> list[int]:
+        return self._pool_peers
+
+    def _stage(self, t: torch.Tensor) -> int:
         """Copy t into this rank's registered input pool (grown, and re-registered, on demand:
         every rank stages the same sizes in the same order, so the growth is collective)."""
         t = t.contiguous()
@@ -49,8 +56,10 @@ class SimCollectiveComm(SimCommunicator, Collectives):
         if self._pool is None or self._pool.nbytes < nbytes:
             self._pool = self.alloc((max(nbytes, 1 << 16),), torch.uint8, "input pool")
             self._pool_peers = self.register(self._pool)
+            table = self._pool_peers + [0] * (layout.MAX_RANKS - self.world)
+            self.copy_in(self._pool_table, torch.tensor(table, dtype=torch.int64))
         self.copy_in(self._pool, t.view(-1).view(torch.uint8))
-        return self._pool_peers
+        return self._pool_table.addr
 
     def _launch(self, name: str, constexprs: dict, grid: int, args: dict,
                 local: bool = False) -> None:

@@ -124,7 +124,7 @@ def compile_pure(op: ir.Op, ins: list[int], outs: list[int], lanes: int) -> Call
         def f_offset(r):
             r[o] = r[p] + r[idx].astype(np.int64) * size
         return f_offset
-    if name == "ptr_cast":
+    if name in ("ptr_cast", "int_to_ptr"):  # simulator pointers are int64 addresses
         src = ins[0]
 
         def f_cast(r):

@@ -1,0 +1,73 @@
+"""Device-side tables of every rank's address of a registered buffer.
+
+Kernels whose input is `RegisteredPtrs` read its peers' addresses from one row of this
+table at entry; a launch passes the row's address. Row 0 holds the input pool (eager calls
+copy into it). Under graph capture each call takes a fresh row and records its own input's
+address instead of copying; after capture `register_pending` exchanges the recorded buffers'
+IPC handles through the group and fills the rows, so replays read the captured buffers in
+place. The rows are plain device memory written outside the graph: nothing captured changes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .. import layout
+
+ROW_BYTES = 8 * layout.MAX_RANKS
+
+
+class PeerTables:
+    """`rows` rows of `layout.MAX_RANKS` int64 addresses in device memory, for one rank."""
+
+    def __init__(self, rows: int, world: int, rank: int, device: Any):
+        if rows < 1:
+            raise ValueError(f"a peer table needs at least one row (the input pool), got {rows}")
+        self.rows, self.world, self.rank = rows, world, rank
+        self.tensor = torch.zeros((rows, layout.MAX_RANKS), dtype=torch.int64, device=device)
+        self.base = self.tensor.data_ptr()
+        self.next_row = 1
+        self.pending: list[tuple[int, int, int]] = []  # (row, own address, bytes)
+
+    def row_address(self, row: int) -> int:
+        return self.base + row * ROW_BYTES
+
+    def set_row(self, row: int, addresses: list[int]) -> None:
+        if len(addresses) != self.world:
+            raise ValueError(f"{len(addresses)} addresses for a world of {self.world}")
+        padded = list(addresses) + [0] * (layout.MAX_RANKS - self.world)
+        self.tensor[row].copy_(torch.tensor(padded, dtype=torch.int64))
+
+    def reserve(self, address: int, nbytes: int) -> int:
+        """A fresh row for a buffer captured at `address`; returns the row's device address.
+        The row is filled by `register_pending` after the capture."""
+        if self.next_row >= self.rows:
+            raise RuntimeError(
+                f"all {self.rows - 1} graph-buffer rows are taken: more collective calls were "
+                "captured than the communicator holds rows for; pass a larger "
+                "Communicator(max_graph_buffers=...)")
+        row = self.next_row
+        self.next_row += 1
+        self.pending.append((row, address, nbytes))
+        return self.row_address(row)
+
+    def register_pending(self, exchange: Callable[[Any], list],
+                         export: Callable[[int, int], bytes],
+                         open_peer: Callable[[bytes], int]) -> int:
+        """Collective: share every captured buffer with the peers and fill its row.
+        `exchange(obj)` all-gathers a picklable object, `export(address, nbytes)` gives the
+        wire form of an IPC handle, `open_peer(wire)` maps a peer's buffer here. Returns how
+        many rows were filled."""
+        pending, self.pending = self.pending, []
+        mine = [export(address, nbytes) for _, address, nbytes in pending]
+        everyone = exchange(mine)
+        counts = [len(handles) for handles in everyone]
+        if len(set(counts)) != 1:
+            raise RuntimeError(
+                f"ranks captured different numbers of collective calls ({counts} by rank): "
+                "every rank must capture the same calls in the same order")
+        for i, (row, address, _) in enumerate(pending):
+            self.set_row(row, [address if r == self.rank else open_peer(everyone[r][i])
+                               for r in range(self.world)])
+        return len(pending)
