@@ -12,6 +12,7 @@ host-side cost of one eager fused call. Writes $OUT/bench.json (or --json) and a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -26,8 +27,10 @@ ROWS = [1, 16, 64, 256, 384, 1024, 2048, 4096]
 CALLS, REPLAYS = 20, 30
 
 
-def graph_time_us(torch, fn, dev, sync=None) -> float:
-    """Median us per call of fn over REPLAYS replays of a graph of CALLS calls."""
+def graph_time_us(torch, fn, dev, sync=None, capture=None) -> float:
+    """Median us per call of fn over REPLAYS replays of a graph of CALLS calls. `capture` is
+    the communicator's graph_capture, so captured collectives read their inputs in place
+    (registered after the capture), as in a serving engine's graphs."""
     s = torch.cuda.Stream(dev)
     s.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(s):
@@ -35,9 +38,10 @@ def graph_time_us(torch, fn, dev, sync=None) -> float:
     torch.cuda.current_stream(dev).wait_stream(s)
     torch.cuda.synchronize(dev)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(CALLS):
-            fn()
+    with capture() if capture else contextlib.nullcontext():
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(CALLS):
+                fn()
     times = []
     for _ in range(REPLAYS):
         if sync:
@@ -134,11 +138,25 @@ def _torch_quant(torch, x, q, scale):
             .view(torch.int8))
 
 
-def copy_bandwidth(torch, dev) -> float:
-    a = torch.ones(1 << 28, dtype=torch.float32, device=dev)  # 1 GiB, vectorized copy
+def copy_bandwidth(torch, dev) -> dict:
+    """Bytes read + written per second of a 1 GiB device copy, three ways: a memcpy node in a
+    graph (may run on a copy engine), an eager cudaMemcpy timed by events, and an
+    elementwise kernel in a graph (SMs). The floor uses the fastest."""
+    a = torch.ones(1 << 28, dtype=torch.float32, device=dev)
     b = torch.empty_like(a)
-    us = graph_time_us(torch, lambda: b.copy_(a), dev)
-    return 2 * a.numel() * 4 / (us * 1e-6)  # bytes read + written per second
+    moved = 2 * a.numel() * 4
+    ways = {"graph_memcpy": graph_time_us(torch, lambda: b.copy_(a), dev),
+            "graph_kernel": graph_time_us(torch, lambda: torch.mul(a, 1.0, out=b), dev)}
+    t = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        t.append(e0.elapsed_time(e1) * 1000)
+    ways["eager_memcpy"] = statistics.median(t)
+    return {k: moved / (us * 1e-6) for k, us in ways.items()}
 
 
 # ----------------------------------------------------------------------------- ranks
@@ -165,11 +183,14 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
             path = comm.last_path
             comm.all_reduce(x)
             ar_path = comm.last_path
+            cap = comm.graph_capture
             r = {"path": path, "ar_path": ar_path,
-                 "ar_us": graph_time_us(torch, lambda: comm.all_reduce(x), dev, sync),
+                 "ar_us": graph_time_us(torch, lambda: comm.all_reduce(x), dev, sync, cap),
                  "rms_us": graph_time_us(torch, lambda: comm.add_rmsnorm(x, res, w), dev, sync),
                  "fused_us": graph_time_us(torch, lambda: comm.fused_allreduce_rmsnorm(
-                     x, res, w), dev, sync)}
+                     x, res, w), dev, sync, cap)}
+            if rows <= 384:  # every valid path, to choose this machine's dispatch thresholds
+                r["paths_us"] = forced_paths(torch, comm, x, res, w, dev, sync)
             if rows == 16 and hidden == hiddens[0]:  # host cost of one eager call
                 torch.cuda.synchronize(dev)
                 t = []
@@ -189,6 +210,31 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
     torch.cuda.synchronize(dev)
     dist.barrier()
     return result
+
+
+def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
+    """us per fused call on each path forced through PEERDSL_FUSED_PATH (LL allowed up to its
+    4 MiB scratch). Every rank forces the same paths in the same order."""
+    saved = {k: os.environ.get(k) for k in ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES")}
+    got = {}
+    try:
+        os.environ["PEERDSL_LL_MAX_BYTES"] = str(comm.meta_layout.ll_max_bytes)
+        for path in ("ll+rmsnorm", "fused_1stage", "fused_2stage"):
+            os.environ["PEERDSL_FUSED_PATH"] = path
+            try:
+                comm.fused_allreduce_rmsnorm(x, res, w)
+            except ValueError:  # not valid for this shape or world
+                continue
+            got[path + "_us"] = graph_time_us(
+                torch, lambda: comm.fused_allreduce_rmsnorm(x, res, w), dev, sync,
+                comm.graph_capture)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return got
 
 
 def _profile(call, settle) -> str:
@@ -221,9 +267,12 @@ def main() -> int:
         return 0
     import torch
     dev = torch.device("cuda:0")
-    summary = {"bandwidth_Bps": copy_bandwidth(torch, dev), "hidden": args.hidden,
+    ways = copy_bandwidth(torch, dev)
+    summary = {"bandwidth_Bps": max(ways.values()), "bandwidth_ways_Bps": ways,
+               "hidden": args.hidden,
                "single_gpu": single_gpu(torch, args.build, args.hidden[0], dev)}
-    print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s", flush=True)
+    print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s ("
+          + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in ways.items()) + ")", flush=True)
     shared = torch.cuda.device_count() < max(args.tp)  # ranks share a GPU: run them under MPS
     env = start_mps() if shared else dict(os.environ)
     try:
@@ -268,8 +317,12 @@ def merge(reps: list[dict]) -> dict:
            "host_us": max(r.get("host_us", 0) for r in reps),
            "host_profile": reps[0].get("host_profile", ""), "rows": {}}
     for key, first in reps[0]["rows"].items():
-        out["rows"][key] = {k: (max(r["rows"][key][k] for r in reps) if k.endswith("_us")
-                                else first[k]) for k in first}
+        row = out["rows"][key] = {k: (max(r["rows"][key][k] for r in reps)
+                                      if k.endswith("_us") and k != "paths_us" else first[k])
+                                  for k in first}
+        if "paths_us" in first:
+            row["paths_us"] = {p: max(r["rows"][key]["paths_us"][p] for r in reps)
+                               for p in first["paths_us"]}
     return out
 
 
@@ -292,6 +345,20 @@ def report(summary: dict) -> str:
             lines.append(f"| {hidden} | {rows} | {nbytes / 2**20:.2f} | {r['ar_us']:.1f} "
                          f"({r['ar_path']}) | {r['rms_us']:.1f} | {tot:.1f} | {r['fused_us']:.1f} "
                          f"({r['path']}) | {tot / r['fused_us']:.2f}x | {floor:.1f} |")
+    for tp in [k for k in summary if k.startswith("tp")]:
+        swept = {k: r["paths_us"] for k, r in summary[tp]["rows"].items() if "paths_us" in r}
+        if not swept:
+            continue
+        lines.append(f"\nTP{tp[2:]}, each fused path forced (PEERDSL_FUSED_PATH), us per call; "
+                     f"null collective {summary[tp]['null_us']:.1f} us")
+        lines.append("| H | rows | ll+rmsnorm | fused_1stage | fused_2stage | dispatch chose |")
+        lines.append("|---|---|---|---|---|---|")
+        for key, paths in swept.items():
+            hidden, rows = key.split(":")
+            cells = [f"{paths[p + '_us']:.1f}" if p + "_us" in paths else "-"
+                     for p in ("ll+rmsnorm", "fused_1stage", "fused_2stage")]
+            lines.append(f"| {hidden} | {rows} | " + " | ".join(cells)
+                         + f" | {summary[tp]['rows'][key]['path']} |")
     h0 = summary.get("hidden", [6144])[0]
     lines.append("\nSingle GPU add + RMSNorm, H=%d bf16, us (copy %.2f TB/s)" % (h0, bw / 1e12))
     lines.append("| rows | torch eager | torch.compile | Triton | peerdsl | peerdsl % of floor | "
