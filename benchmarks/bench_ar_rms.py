@@ -111,14 +111,14 @@ def single_gpu(torch, build: str, hidden: int, dev) -> dict:
 
         def ours_call():
             x, r = nxt()
-            ours.launch(min(rows, 264), dict(x=x, residual=r, weight=w, out=out,
+            ours.launch(rows, dict(x=x, residual=r, weight=w, out=out,
                                              residual_out=rout, q=0, scale=0, rows=rows,
                                              eps=1e-6, flags=0))
         row = {"torch_eager": graph_time_us(torch, lambda: eager(*nxt(), w, out, rout), dev),
                "triton": graph_time_us(torch, lambda: tri(*nxt(), w, out, rout), dev),
                "peerdsl": graph_time_us(torch, ours_call, dev),
                "peerdsl_quant": graph_time_us(torch, lambda: quant.launch(
-                   min(rows, 264), dict(x=nxt()[0], q=q, scale=scale, rows=rows)), dev),
+                   rows, dict(x=nxt()[0], q=q, scale=scale, rows=rows)), dev),
                "torch_quant": graph_time_us(torch, lambda: _torch_quant(torch, nxt()[0], q,
                                                                         scale), dev)}
         try:
@@ -189,7 +189,7 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
                  "rms_us": graph_time_us(torch, lambda: comm.add_rmsnorm(x, res, w), dev, sync),
                  "fused_us": graph_time_us(torch, lambda: comm.fused_allreduce_rmsnorm(
                      x, res, w), dev, sync, cap)}
-            if rows <= 384:  # every valid path, to choose this machine's dispatch thresholds
+            if os.environ.get("BENCH_SWEEP", "1") == "1":  # every valid path: the thresholds
                 r["paths_us"] = forced_paths(torch, comm, x, res, w, dev, sync)
             if rows == 16 and hidden == hiddens[0]:  # host cost of one eager call
                 torch.cuda.synchronize(dev)

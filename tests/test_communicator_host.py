@@ -62,6 +62,7 @@ def comm(monkeypatch, request):
     monkeypatch.setattr(fdexchange, "exchange_fds", lambda fd, r, w, ag: [
         None if p == r else os.open(os.devnull, os.O_RDONLY) for p in range(w)])
     monkeypatch.setattr(cm, "_device_bytes", lambda ptr, n, d: torch.zeros(n, dtype=torch.uint8))
+    monkeypatch.setattr(cm.Communicator, "_resident_cap", lambda self, k: 33)
     c = cm.Communicator(device="cpu", max_size=1 << 20, ll_max_bytes=64 << 10,
                         staging_bytes=1 << 20, allocator=request.param)
     c.log, c.freed = log, freed
@@ -70,7 +71,7 @@ def comm(monkeypatch, request):
 
 def test_construction_and_close(comm):
     assert (comm.rank, comm.world, comm.arch, comm.fp8_format) == (1, 4, "sm_90", "e4m3fn")
-    assert comm.max_grid == 33  # four ranks share 132 multiprocessors
+    assert comm.max_grid == 256  # the bound; each kernel's occupancy caps its grid
     own = comm._buffer.data_ptr() if comm.allocator == "ipc" else 7 << 40
     assert comm.meta_bases[1] == own and len(set(comm.meta_bases)) == 4
     assert comm.signal_peers == comm.meta_bases
@@ -145,3 +146,20 @@ def test_graph_capture_must_enclose_the_torch_capture(comm, monkeypatch):
     with pytest.raises(RuntimeError, match="outside torch.cuda.graph"):
         with comm.graph_capture():
             pass
+
+
+def test_collective_grids_are_capped_by_occupancy_split_between_sharing_ranks(monkeypatch):
+    from peerdsl.runtime.cuda import _driver
+    fake = types.SimpleNamespace(
+        cuOccupancyMaxActiveBlocksPerMultiprocessor=lambda f, block, smem: (0, 2),
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0))
+    monkeypatch.setattr(_driver, "_driver", fake)
+    monkeypatch.setattr(_driver, "check", lambda res, what: res[1])
+    c = object.__new__(cm.Communicator)
+    c._sms, c._sharing = 132, 4
+    kernel = types.SimpleNamespace(function=object(), entry=types.SimpleNamespace(
+        block_size=256, dynamic_lds_bytes=0, name="fused"))
+    assert c._resident_cap(kernel) == 66  # 2 per SM x 132 SMs / 4 ranks on the GPU
+    monkeypatch.setattr(_driver, "check", lambda res, what: 0)
+    with pytest.raises(RuntimeError, match="occupancy 0"):
+        c._resident_cap(kernel)

@@ -31,7 +31,8 @@ from .errors import CollectiveTimeout
 from .peer_tables import PeerTables
 
 MiB = 1 << 20
-SPIN_ITERATIONS_PER_SECOND = 2_000_000  # a system-scope poll takes >= 0.5 us on every target
+SPIN_ITERATIONS_PER_SECOND = 2_000_000
+MAX_BLOCKS_PER_SM = 8  # a bound only: each kernel's occupancy decides  # a system-scope poll takes >= 0.5 us on every target
 
 
 def _device_bytes(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
@@ -79,10 +80,13 @@ class Communicator(Collectives):
         self.fp8_format = self.loader.manifest.fp8_format
         props = torch.cuda.get_device_properties(self.device)
         # Blocks of one index wait for each other across ranks, so every rank's grid must be
-        # resident at once: ranks sharing a GPU (MPS) split its multiprocessors.
-        sharing = -(-self.world // max(1, torch.cuda.device_count()))
+        # resident at once: ranks sharing a GPU (MPS) split its multiprocessors. Each
+        # collective kernel is further capped by its own occupancy (`_resident_cap`).
+        self._sms = props.multi_processor_count
+        self._sharing = -(-self.world // max(1, torch.cuda.device_count()))
         self.max_grid = max(1, min(layout.MAX_BLOCKS, max_grid or (
-            props.multi_processor_count * (2 if sharing == 1 else 1) // sharing)))
+            self._sms * MAX_BLOCKS_PER_SM // self._sharing)))
+        self._caps: dict[tuple, int] = {}
         self.meta_layout = layout.MetaLayout(self.world, ll_max_bytes, staging_bytes)
         self.max_size = self.pool_bytes = max_size
         self.check_each_call = check_errors
@@ -213,9 +217,27 @@ class Communicator(Collectives):
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = self.loader.kernel(name, **constexprs)
+        if not local:
+            cap = self._caps.get(key)
+            if cap is None:
+                cap = self._caps[key] = self._resident_cap(kernel)
+            grid = min(grid, cap)
         kernel.launch(grid, args, trusted=True)  # Collectives checked every input
         if self.check_each_call and not local and not self._capturing:
             self.check_errors(name)
+
+    def _resident_cap(self, kernel: Any) -> int:
+        """How many blocks of `kernel` each rank may launch so that the blocks of every rank
+        sharing this GPU are resident together (they wait on each other): the kernel's
+        occupancy times the multiprocessors, split between the sharing ranks."""
+        from .cuda._driver import check, driver
+        per_sm = int(check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.function, kernel.entry.block_size, kernel.entry.dynamic_lds_bytes),
+            f"occupancy of {kernel.entry.name}"))
+        if per_sm < 1:
+            raise RuntimeError(f"kernel {kernel.entry.name} cannot be resident on this GPU "
+                               "(occupancy 0: too many registers or too much shared memory)")
+        return max(1, per_sm * self._sms // self._sharing)
 
     def _fallback_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         backend = self._dist.get_backend(self.group)
