@@ -118,5 +118,18 @@ def test_plain_all_reduce():
 def test_each_target_has_its_table():
     assert plan_fused_ar_rms("gfx950", 4, 16, 6144, BF16) == "ll+rmsnorm"
     assert plan_fused_ar_rms("gfx942", 4, 16, 6144, BF16) == "ll+rmsnorm"
-    assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "ll+rmsnorm"      # 96 KiB
+    # sm_90: the plain all-reduce takes LL up to 128 KiB, the fused entry never (measured)
+    assert plan_all_reduce("sm_90", 4, 96 << 10) == "ll"
+    assert plan_all_reduce("sm_90", 4, 192 << 10) == "2stage"
+    assert plan_fused_ar_rms("sm_90", 2, 1, 6144, BF16) == "fused_1stage"
+    assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_2stage"      # 96 KiB
     assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_2stage"   # 768 KiB
+
+
+def test_fused_ll_range_has_its_own_override(monkeypatch):
+    monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(128 << 10))
+    assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "ll+rmsnorm"   # 96 KiB
+    monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(8 * MiB))     # capped by the LL cap
+    assert plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16) == "fused_2stage"  # 192 KiB
+    monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", "0")
+    assert plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16) == "fused_2stage"

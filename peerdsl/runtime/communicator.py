@@ -80,12 +80,13 @@ class Communicator(Collectives):
         self.fp8_format = self.loader.manifest.fp8_format
         props = torch.cuda.get_device_properties(self.device)
         # Blocks of one index wait for each other across ranks, so every rank's grid must be
-        # resident at once: ranks sharing a GPU (MPS) split its multiprocessors. Each
-        # collective kernel is further capped by its own occupancy (`_resident_cap`).
+        # resident at once: ranks sharing a GPU (MPS) split its multiprocessors, one block
+        # per SM each (an occupancy-based split, tried on the H200, left no slack and timed
+        # out under MPS), and each collective kernel is also capped by its occupancy.
         self._sms = props.multi_processor_count
         self._sharing = -(-self.world // max(1, torch.cuda.device_count()))
         self.max_grid = max(1, min(layout.MAX_BLOCKS, max_grid or (
-            self._sms * MAX_BLOCKS_PER_SM // self._sharing)))
+            self._sms * (2 if self._sharing == 1 else 1) // self._sharing)))
         self._caps: dict[tuple, int] = {}
         self.meta_layout = layout.MetaLayout(self.world, ll_max_bytes, staging_bytes)
         self.max_size = self.pool_bytes = max_size

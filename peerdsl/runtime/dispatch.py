@@ -4,8 +4,10 @@ gfx1250 defaults are the SPEC's table; gfx950 and gfx942 keep it until measured.
 its own LL cap: on the lent H200 (ranks sharing one GPU's HBM, benchmarks/RESULTS.md) the LL
 all-reduce, which moves four times the bytes of the one-stage kernel, cost 13 us at 16 rows
 and 46 us at 64 rows (TP4, H=6144) while the two-stage kernel took 43 us at 384 rows, so LL
-only pays below about 128 KiB there. Every threshold has a `PEERDSL_*` environment override,
-read at each call.
+only pays below about 128 KiB there. For the fused entry the one-stage kernel beat LL + add +
+RMSNorm at every row count measured (1 to 256 rows, TP2 and TP4, H 2880/6144/8192: e.g. TP4
+H=6144 one row 10.5 vs 12.3 us), so sm_90's fused LL range is empty. Every threshold has a
+`PEERDSL_*` environment override, read at each call.
 """
 from __future__ import annotations
 
@@ -31,13 +33,22 @@ class Thresholds:
     ar_quant_max_bytes: int = 64 * MiB
     fused_quant_forms: tuple[str, ...] = ("per_token",)  # others take the unfused path
     qk_norm_fused: bool = False
+    # the fused entry's LL range (None: ll_max_bytes, as in SPEC section 5); a target where
+    # the one-stage fused kernel beats LL + add + RMSNorm sets its own
+    fused_ll_max_bytes: int | None = None
+
+    @property
+    def fused_ll_cap(self) -> int:
+        if self.fused_ll_max_bytes is None:
+            return self.ll_max_bytes
+        return min(self.fused_ll_max_bytes, self.ll_max_bytes)
 
 
 TABLES = {
     "gfx1250": Thresholds(),
     "gfx950": Thresholds(),
     "gfx942": Thresholds(),
-    "sm_90": Thresholds(ll_max_bytes=128 << 10),
+    "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0),
 }
 
 _ENV = {
@@ -47,6 +58,7 @@ _ENV = {
     "two_stage_min_world": "PEERDSL_TWO_STAGE_MIN_WORLD",
     "two_stage_min_hidden": "PEERDSL_TWO_STAGE_MIN_HIDDEN",
     "ar_quant_max_bytes": "PEERDSL_AR_QUANT_MAX_BYTES",
+    "fused_ll_max_bytes": "PEERDSL_FUSED_LL_MAX_BYTES",
 }
 
 
@@ -127,7 +139,7 @@ def plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype,
         plan = "unfused"
     elif nbytes > t.custom_ar_max_bytes:
         plan = "fallback"
-    elif nbytes <= t.ll_max_bytes:
+    elif nbytes <= t.fused_ll_cap:
         plan = "ll+rmsnorm"
     elif two_stage_fits(t, world, hidden, nbytes):
         plan = "fused_2stage"
