@@ -5,10 +5,14 @@
 The real Communicator, dispatch, CudaLoader and kernarg packing run against the sm_90
 manifest; only the edges are replaced: the CUDA driver by a stub whose calls return at once
 (cuda-bindings is not needed), torch.distributed by a one-process fake (rank 1 of 4), the
-IPC export/open by fake addresses, and device memory by CPU tensors. So the figure is the
+IPC export/open by fake addresses, and device memory by CPU tensors (the input pool by a
+"meta" tensor: a copy into it costs torch's dispatch, as the host side of a GPU's
+asynchronous copy does, not a memcpy of the data). So the figure is the
 Python cost of dispatch + argument packing + launch with no GPU work and no driver time:
-on a GPU add the driver's own launch cost (a few us per kernel) and, with
-`check_errors=True`, the synchronizing error read after each collective launch.
+on a GPU add the driver's own launch cost (a few us per kernel). As in
+benchmarks/bench_ar_rms.py (the H200 figures), the Communicator is built with
+check_errors=False: with True every eager collective ends in a synchronizing read of its
+error word, i.e. waits for the GPU (`--check-errors` measures that read's host part here).
 
 Prints the median us per call (TP4, H=6144 bf16) for each row count, the path dispatch took,
 and a cProfile top list. Without a manifest under --build, the needed ops are built first.
@@ -109,7 +113,7 @@ def ensure_manifest(build: str) -> str:
 
 @contextlib.contextmanager
 def cpu_communicator(build: str, world: int = 4, rank: int = 1,
-                     check_errors: bool = True) -> Iterator[Any]:
+                     check_errors: bool = False) -> Iterator[Any]:
     """A Communicator whose GPU, driver, IPC and process group are CPU stand-ins."""
     import torch
 
@@ -138,6 +142,7 @@ def cpu_communicator(build: str, world: int = 4, rank: int = 1,
         st.enter_context(_driver.use_driver(drv))
         clear_caches()
         comm = cm.Communicator(device="cpu", check_errors=check_errors)
+        comm._pool = torch.empty(comm.max_size, dtype=torch.uint8, device="meta")
         comm.stub_driver = drv
         try:
             yield comm
@@ -145,16 +150,20 @@ def cpu_communicator(build: str, world: int = 4, rank: int = 1,
             clear_caches()
 
 
-def median_us(call: Callable[[], Any], iters: int) -> float:
+def median_us(call: Callable[[], Any], iters: int) -> tuple[float, float]:
+    """Median us per call: wall clock, and this thread's CPU time (which a busy machine's
+    other processes do not inflate by descheduling it)."""
     for _ in range(max(5, iters // 20)):  # warm: kernels loaded, plans compiled
         call()
-    t = []
-    perf = time.perf_counter
+    wall, cpu = [], []
+    perf, thread = time.perf_counter_ns, time.thread_time_ns
     for _ in range(iters):
-        t0 = perf()
+        t0, c0 = perf(), thread()
         call()
-        t.append((perf() - t0) * 1e6)
-    return statistics.median(t)
+        c1, t1 = thread(), perf()
+        wall.append((t1 - t0) / 1e3)
+        cpu.append((c1 - c0) / 1e3)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def profile(call: Callable[[], Any], iters: int, top: int) -> tuple[str, int]:
@@ -186,8 +195,8 @@ def measure(build: str, rows_list: list[int], hidden: int, world: int, iters: in
             call()
             n0 = comm.stub_driver.launches
             call()
-            r = {"path": comm.last_path, "launches": comm.stub_driver.launches - n0,
-                 "us": median_us(call, iters)}
+            r = {"path": comm.last_path, "launches": comm.stub_driver.launches - n0}
+            r["us"], r["cpu_us"] = median_us(call, iters)
             r["profile"], r["py_calls"] = profile(call, max(50, iters // 4), top)
             out["rows"][rows] = r
     return out
@@ -201,8 +210,8 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--no-check-errors", action="store_true",
-                    help="Communicator(check_errors=False): no error read after launches")
+    ap.add_argument("--check-errors", action="store_true",
+                    help="Communicator(check_errors=True): read the error word after launches")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
@@ -214,7 +223,7 @@ def main() -> int:
     print(f"peerdsl from {os.path.dirname(peerdsl.__file__)}", file=sys.stderr)
     build = ensure_manifest(args.build)
     res = measure(build, args.rows, args.hidden, args.world, args.iters, args.top,
-                  not args.no_check_errors)
+                  args.check_errors)
     for rows, r in res["rows"].items():
         print(f"\n==== TP{res['world']} H={res['hidden']} bf16 rows={rows}: path {r['path']}, "
               f"{r['launches']} launches, {r['py_calls']} Python calls")
@@ -223,7 +232,8 @@ def main() -> int:
           f"{res['check_errors']}):")
     for rows, r in res["rows"].items():
         print(f"  TP{res['world']} H={res['hidden']} rows={rows:<3} {r['path']:<13} "
-              f"{r['us']:8.1f} us   ({r['py_calls']} Python calls)")
+              f"{r['us']:8.1f} us wall {r['cpu_us']:8.1f} us CPU   ({r['py_calls']} Python "
+              "calls)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
