@@ -51,7 +51,7 @@ def test_buffer_is_refilled_not_stale(fake, man):
 
 def test_each_thread_has_its_own_buffer(fake, man):
     k = pcuda.CudaLoader(man, device=0, mode="buffer").kernel("peer_probe")
-    results: dict[int, bytes] = {}
+    results: dict[int, int] = {}
     barrier = threading.Barrier(4)
 
     def worker(r: int) -> None:
@@ -59,6 +59,7 @@ def test_each_thread_has_its_own_buffer(fake, man):
         for i in range(50):
             k.launch_trusted(1, dict(PEER, sig=[A + 4096 * r], epoch=i), stream=r)
         results[r] = k._tls.slot[0].address
+        barrier.wait()  # all alive at once, so no buffer is freed and its address reused
 
     threads = [threading.Thread(target=worker, args=(r,)) for r in range(4)]
     for t in threads:
