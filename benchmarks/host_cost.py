@@ -1,6 +1,6 @@
 """Host-side cost of one eager `Communicator.fused_allreduce_rmsnorm`, on a CPU machine.
 
-    PYTHONPATH=. python3 benchmarks/host_cost.py [--build build] [--rows 2 16] [--top 25]
+    PYTHONPATH=. python3 benchmarks/host_cost.py [--build build] [--cases 2:ll+rmsnorm 2 16]
 
 The real Communicator, dispatch, CudaLoader and kernarg packing run against the sm_90
 manifest; only the edges are replaced: the CUDA driver by a stub whose calls return at once
@@ -14,8 +14,9 @@ benchmarks/bench_ar_rms.py (the H200 figures), the Communicator is built with
 check_errors=False: with True every eager collective ends in a synchronizing read of its
 error word, i.e. waits for the GPU (`--check-errors` measures that read's host part here).
 
-Prints the median us per call (TP4, H=6144 bf16) for each row count, the path dispatch took,
-and a cProfile top list. Without a manifest under --build, the needed ops are built first.
+Prints the median us per call (TP4, H=6144 bf16) for each case, ROWS or ROWS:PATH (PATH
+forced through PEERDSL_FUSED_PATH: sm_90 dispatch takes no fused LL path by default), the
+path taken, and a cProfile top list. Without a manifest under --build, the needed ops are built first.
 """
 from __future__ import annotations
 
@@ -94,6 +95,9 @@ class StubDriver:
 
     def cuFuncSetAttribute(self, func, attr, value):
         return (self._OK,)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func, block, smem):
+        return self._OK, 2
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         self.launches += 1
@@ -183,13 +187,15 @@ def profile(call: Callable[[], Any], iters: int, top: int) -> tuple[str, int]:
     return text.getvalue(), calls
 
 
-def measure(build: str, rows_list: list[int], hidden: int, world: int, iters: int,
+def measure(build: str, cases: list[str], hidden: int, world: int, iters: int,
             rounds: int, top: int, check_errors: bool) -> dict[str, Any]:
     import torch
     out: dict[str, Any] = {"world": world, "hidden": hidden, "check_errors": check_errors,
                            "rows": {}}
     with cpu_communicator(build, world=world, check_errors=check_errors) as comm:
-        for rows in rows_list:
+        for case in cases:
+            rows = int(case.split(":")[0])
+            forced = {"PEERDSL_FUSED_PATH": case.split(":")[1]} if ":" in case else {}
             g = torch.Generator().manual_seed(rows)
             x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16)
             res = torch.randn(rows, hidden, generator=g).to(torch.bfloat16)
@@ -197,20 +203,22 @@ def measure(build: str, rows_list: list[int], hidden: int, world: int, iters: in
 
             def call(x=x, res=res, w=w):
                 return comm.fused_allreduce_rmsnorm(x, res, w)
-            call()
-            n0 = comm.stub_driver.launches
-            call()
-            r = {"path": comm.last_path, "launches": comm.stub_driver.launches - n0}
-            r.update(median_us(call, iters, rounds))
-            r["profile"], r["py_calls"] = profile(call, max(50, iters // 4), top)
-            out["rows"][rows] = r
+            with mock.patch.dict(os.environ, forced):
+                call()
+                n0 = comm.stub_driver.launches
+                call()
+                r = {"rows": rows, "path": comm.last_path,
+                     "launches": comm.stub_driver.launches - n0}
+                r.update(median_us(call, iters, rounds))
+                r["profile"], r["py_calls"] = profile(call, max(50, iters // 4), top)
+            out["rows"][case] = r
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.environ.get("PEERDSL_BUILD_DIR", "build"))
-    ap.add_argument("--rows", type=int, nargs="+", default=[2, 16])
+    ap.add_argument("--cases", nargs="+", default=["2:ll+rmsnorm", "2", "16"])
     ap.add_argument("--hidden", type=int, default=6144)
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--iters", type=int, default=2000)
@@ -221,23 +229,22 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
-    # One intra-op thread: the stand-in device copies (the pool copy of the staged paths) are
-    # memcpys here, and an OpenMP team on a busy 2-core machine turns them into ms-long stalls
-    # that a GPU's asynchronous copy would not have.
+    # One intra-op thread: an OpenMP team on a busy 2-core machine turns the CPU stand-ins of
+    # device work into ms-long stalls that a GPU's asynchronous work would not have.
     torch.set_num_threads(1)
     import peerdsl
     print(f"peerdsl from {os.path.dirname(peerdsl.__file__)}", file=sys.stderr)
     build = ensure_manifest(args.build)
-    res = measure(build, args.rows, args.hidden, args.world, args.iters, args.rounds,
+    res = measure(build, args.cases, args.hidden, args.world, args.iters, args.rounds,
                   args.top, args.check_errors)
-    for rows, r in res["rows"].items():
-        print(f"\n==== TP{res['world']} H={res['hidden']} bf16 rows={rows}: path {r['path']}, "
+    for case, r in res["rows"].items():
+        print(f"\n==== TP{res['world']} H={res['hidden']} bf16 {case}: path {r['path']}, "
               f"{r['launches']} launches, {r['py_calls']} Python calls")
         print(r["profile"])
     print(f"host cost per eager fused call (median of {args.iters}, check_errors="
           f"{res['check_errors']}):")
-    for rows, r in res["rows"].items():
-        print(f"  TP{res['world']} H={res['hidden']} rows={rows:<3} {r['path']:<13} "
+    for case, r in res["rows"].items():
+        print(f"  TP{res['world']} H={res['hidden']} rows={r['rows']:<3} {r['path']:<13} "
               f"median {r['us']:6.1f} us (CPU {r['cpu_us']:6.1f}), best round {r['best_us']:6.1f}"
               f" us, {r['py_calls']} Python calls")
     if args.json:
