@@ -124,3 +124,32 @@ def test_plan_names_cannot_inject_code():
     assert PackPlan(specs, 4).pack({evil: 7}) == b"\x07\0\0\0"
     import os
     assert "PEERDSL_PWNED" not in os.environ
+
+
+def test_every_built_kernel_packs_the_same_bytes():
+    """Opportunistic: the real layouts of a manifest built here (PEERDSL_BUILD_DIR or
+    ./build, e.g. by benchmarks/host_cost.py), every kernel, random values."""
+    import os
+
+    from peerdsl.runtime.kernarg import _SCALARS
+    from peerdsl.runtime.manifest import load_manifest
+    root = os.environ.get("PEERDSL_BUILD_DIR", "build")
+    archs = [a for a in ("sm_90", "gfx1250", "gfx950", "gfx942")
+             if os.path.exists(os.path.join(root, a, "manifest.json"))]
+    if not archs:
+        pytest.skip(f"no built manifest under {root}")
+    rng = random.Random(7)
+    for arch in archs:
+        for e in load_manifest(root, arch, verify=False).kernels.values():
+            tables = e.peer_tables
+            members = {m for ms in tables.values() for m in ms}
+            for _ in range(5):
+                values = {b: [rng.randrange(1 << 40) * 16 for _ in range(rng.randrange(
+                    1, len(ms) + 1))] for b, ms in tables.items()}
+                for a in e.args:
+                    if a.name in members:
+                        continue
+                    _fmt, _size, lo, hi = _SCALARS.get(a.type.scalar, (None, 0, None, None))
+                    values[a.name] = (rng.randrange(1 << 40) * 16 if a.type.is_pointer else
+                                      rng.random() if lo is None else rng.randrange(lo, hi + 1))
+                assert e.pack_plan().pack(values) == pack_args(e.args, e.kernarg_size, values)
