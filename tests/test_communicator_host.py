@@ -164,3 +164,39 @@ def test_collective_grids_are_capped_by_occupancy_split_between_sharing_ranks(mo
     monkeypatch.setattr(_driver, "check", lambda res, what: 0)
     with pytest.raises(RuntimeError, match="occupancy 0"):
         c._resident_cap(kernel)
+
+
+def test_eager_launch_raises_the_recorded_timeout_once(comm, monkeypatch):
+    from peerdsl.runtime.errors import CollectiveTimeout
+    monkeypatch.setattr(comm, "_stream_capturing", lambda: False)
+    at = layout.SIG_ERROR * 4
+    words = comm._buffer[at:at + 4 * layout.ERROR_WORDS]
+    comm.null_collective()                       # no error recorded: nothing raised
+    words.copy_(torch.tensor([1, 2, 3, layout.WAIT_END, 7, 5, 0, 0], dtype=torch.int32)
+                .view(torch.uint8))
+    with comm.graph_capture():
+        comm.null_collective()                   # a captured launch never reads it
+    # (the record's fields are not compared: on this CPU stand-in check_errors' numpy view
+    # aliases the words it clears, where a GPU's .cpu() copies them first)
+    with pytest.raises(CollectiveTimeout, match="in kernel null_collective") as e:
+        comm.null_collective()
+    assert e.value.reporter == 1
+    assert not words.any()                       # cleared, so the next call goes through
+    comm.null_collective()
+
+
+def test_kernels_are_looked_up_once(comm, monkeypatch):
+    monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
+    calls = []
+    kernel = comm.loader.kernel
+    monkeypatch.setattr(comm.loader, "kernel", lambda name, **cx: calls.append(name) or
+                        kernel(name, **cx))
+    x = torch.randn(2, 6144).to(torch.bfloat16)
+    w = torch.ones(6144, dtype=torch.bfloat16)
+    for _ in range(3):
+        comm.fused_allreduce_rmsnorm(x, x, w)
+    monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(1 << 20))  # sm_90 has no fused LL
+    for _ in range(3):
+        comm.fused_allreduce_rmsnorm(x, x, w)
+    assert calls == ["fused_ar_rms_2stage", "allreduce_ll", "add_rmsnorm"]
+    assert len(comm.log) == 3 + 6

@@ -133,3 +133,30 @@ def test_fused_ll_range_has_its_own_override(monkeypatch):
     assert plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16) == "fused_2stage"  # 192 KiB
     monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", "0")
     assert plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16) == "fused_2stage"
+
+
+@pytest.mark.parametrize("raw_environ", [True, False])
+def test_cached_plans_follow_the_environment_at_once(monkeypatch, raw_environ):
+    if not raw_environ:  # where os.environ has no dict of its own: os.environ.get per name
+        monkeypatch.setattr(dispatch, "_ENV_KEYS", ())
+    args = ("sm_90", 4, 16, 6144, BF16)
+    cap = {"ll_max_bytes": 64 << 10, "staging_bytes": 16 * MiB}
+    for _ in range(2):  # the second round is served from the caches
+        assert plan_fused_ar_rms(*args) == "fused_2stage"  # 192 KiB: no fused LL on sm_90
+        monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(1 * MiB))
+        assert plan_fused_ar_rms(*args) == "fused_2stage"  # > sm_90's 128 KiB LL cap
+        monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(1 * MiB))
+        assert plan_fused_ar_rms(*args) == "ll+rmsnorm"
+        assert plan_fused_ar_rms(*args, capacity=cap) == "fused_2stage"  # capped by the scratch
+        assert plan_all_reduce("sm_90", 4, 192 << 10) == "ll"
+        monkeypatch.setenv("PEERDSL_FUSED_PATH", "fused_1stage")
+        assert plan_fused_ar_rms(*args) == "fused_1stage"
+        monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", "lots")   # errors are raised, not cached
+        with pytest.raises(ValueError, match="PEERDSL_LL_MAX_BYTES"):
+            plan_fused_ar_rms(*args)
+        monkeypatch.delenv("PEERDSL_LL_MAX_BYTES")
+        monkeypatch.delenv("PEERDSL_FUSED_LL_MAX_BYTES")
+        monkeypatch.delenv("PEERDSL_FUSED_PATH")
+        assert plan_all_reduce("sm_90", 4, 192 << 10) == "2stage"
+    with pytest.raises(ValueError, match="world size 4.0"):  # equal to 4 as a key, not as a world
+        plan_fused_ar_rms("sm_90", 4.0, 16, 6144, BF16)

@@ -214,18 +214,36 @@ class Communicator(Collectives):
 
     def _launch(self, name: str, constexprs: dict, grid: int, args: dict,
                 local: bool = False) -> None:
-        key = (name, tuple(sorted((k, str(v)) for k, v in constexprs.items())))
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            kernel = self._kernels[key] = self.loader.kernel(name, **constexprs)
+        # Call sites pass their constexprs in a fixed order, so the items need no sorting;
+        # another order would only cache the same kernel twice.
+        try:
+            key = (name, *constexprs.items())
+            hit = self._kernels.get(key)
+        except TypeError:  # an unhashable constexpr value
+            key = (name, *((k, str(v)) for k, v in constexprs.items()))
+            hit = self._kernels.get(key)
+        if hit is None:
+            kernel = self.loader.kernel(name, **constexprs)
+            # Collectives checked every input: the trusted launch skips the per-tensor checks
+            hit = self._kernels[key] = (kernel, getattr(kernel, "launch_trusted", None)
+                                        or functools.partial(kernel.launch, trusted=True))
         if not local:
             cap = self._caps.get(key)
             if cap is None:
-                cap = self._caps[key] = self._resident_cap(kernel)
+                cap = self._caps[key] = self._resident_cap(hit[0])
             grid = min(grid, cap)
-        kernel.launch(grid, args, trusted=True)  # Collectives checked every input
+        hit[1](grid, args)
         if self.check_each_call and not local and not self._capturing:
-            self.check_errors(name)
+            # The flag word alone says whether a spin expired; check_errors decodes the
+            # record only then. Its view is made once (slicing costs more than the read) and
+            # kept with the buffer it views, so a closed communicator never reads through it.
+            buf, flag = self.__dict__.get("_error_flag") or (None, None)
+            if buf is not self._buffer or buf is None:
+                at = layout.SIG_ERROR * 4
+                buf, flag = self._buffer, self._buffer[at:at + 4].view(torch.int32)
+                self.__dict__["_error_flag"] = (buf, flag)
+            if flag.item():  # synchronizes, as the full read did
+                self.check_errors(name)
 
     def _resident_cap(self, kernel: Any) -> int:
         """How many blocks of `kernel` each rank may launch so that the blocks of every rank

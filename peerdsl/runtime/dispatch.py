@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
+from typing import Any
 
 from .. import layout
 
@@ -62,25 +64,53 @@ _ENV = {
 }
 
 
+_FORCED_ENV = "PEERDSL_FUSED_PATH"
+_ENV_NAMES = (*_ENV.values(), _FORCED_ENV)
+# os.environ's own storage and its keys in that storage's form: one C-level dict lookup per
+# variable instead of os.environ.get's encode + Mapping.get (~1 us each, 7 per plan)
+_ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES)) if hasattr(
+    os.environ, "encodekey") else ()
+
+
+def _env_key() -> tuple:
+    """The PEERDSL_* variables dispatch reads, as a cache key (raw values, unparsed)."""
+    data = getattr(os.environ, "_data", None)
+    if _ENV_KEYS and type(data) is dict:
+        return tuple(map(data.get, _ENV_KEYS))
+    return tuple(map(os.environ.get, _ENV_NAMES))
+
+
+def _cached(cache: dict[tuple, Any], key: tuple, make: Callable[[], Any]) -> Any:
+    """Plans and tables are cached on all their inputs, the environment included, so a
+    change of PEERDSL_* still applies at once while a hot-path call costs one lookup."""
+    hit = cache.get(key)
+    if hit is None:
+        hit = make()  # may raise: errors are never cached
+        if len(cache) >= 4096:  # e.g. many distinct row counts: start over, stay bounded
+            cache.clear()
+        cache[key] = hit
+    return hit
+
+
 def thresholds(arch: str, capacity: dict[str, int] | None = None) -> Thresholds:
     """The arch's table with the PEERDSL_* overrides applied, then capped by `capacity`
     (what a communicator actually allocated: ll_max_bytes, staging_bytes,
     custom_ar_max_bytes), so no setting can send more bytes than a buffer holds."""
-    # cached on the inputs (the env values included), so a change of PEERDSL_* still applies
-    # at once while a call on the hot path costs a few dictionary lookups
-    key = (arch, tuple(os.environ.get(env) for env in _ENV.values()),
-           tuple(sorted(capacity.items())) if capacity else ())
-    t = _CACHE.get(key)
-    if t is None:
-        t = _with_env(arch)
-        if capacity:
-            t = dataclasses.replace(t, **{k: min(getattr(t, k), int(v))
-                                          for k, v in capacity.items()})
-        _CACHE[key] = t
+    cap = tuple(capacity.items()) if capacity else ()
+    return _cached(_CACHE, (arch, _env_key(), cap), lambda: _thresholds(arch, capacity))
+
+
+def _thresholds(arch: str, capacity: dict[str, int] | None) -> Thresholds:
+    t = _with_env(arch)
+    if capacity:
+        t = dataclasses.replace(t, **{k: min(getattr(t, k), int(v))
+                                      for k, v in capacity.items()})
     return t
 
 
-_CACHE: dict[tuple, Thresholds] = {}
+_CACHE: dict[tuple, Any] = {}
+_FUSED_PLANS: dict[tuple, Any] = {}
+_AR_PLANS: dict[tuple, Any] = {}
 
 
 def _with_env(arch: str) -> Thresholds:
@@ -127,10 +157,19 @@ def plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype,
                       fp8_out: bool = False, contiguous: bool = True,
                       quant: str = "per_token", capacity: dict[str, int] | None = None) -> str:
     """The path of fused all-reduce + add + RMSNorm, per SPEC section 5 (first match)."""
+    _check_world(world)  # type-strict, so not left to the cache key's equality
+    key = (arch, world, rows, hidden, dtype, fp8_out, contiguous, quant,
+           tuple(capacity.items()) if capacity else (), _env_key())
+    return _cached(_FUSED_PLANS, key, lambda: _plan_fused_ar_rms(
+        arch, world, rows, hidden, dtype, fp8_out, contiguous, quant, capacity))
+
+
+def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8_out: bool,
+                       contiguous: bool, quant: str, capacity: dict[str, int] | None) -> str:
     _check_world(world)
     t = thresholds(arch, capacity)
     nbytes = rows * hidden * _dtype_bytes(dtype)
-    forced = os.environ.get("PEERDSL_FUSED_PATH")
+    forced = os.environ.get(_FORCED_ENV)
     if world == 1:
         plan = "local"
     elif not contiguous or nbytes % 16 != 0 or hidden % 8 != 0:
@@ -182,6 +221,15 @@ def fp8_in_epilogue(arch: str, rows: int, hidden: int, dtype) -> bool:
 def plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool = True,
                     capacity: dict[str, int] | None = None) -> str:
     """The path of a plain all-reduce of nbytes: local, fallback, ll, 1stage or 2stage."""
+    _check_world(world)
+    key = (arch, world, nbytes, contiguous, tuple(capacity.items()) if capacity else (),
+           _env_key())
+    return _cached(_AR_PLANS, key, lambda: _plan_all_reduce(arch, world, nbytes, contiguous,
+                                                         capacity))
+
+
+def _plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool,
+                     capacity: dict[str, int] | None) -> str:
     _check_world(world)
     t = thresholds(arch, capacity)
     if world == 1:

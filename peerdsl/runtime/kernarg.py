@@ -309,12 +309,13 @@ def dim3(v: int | Iterable[int], what: str) -> tuple[int, int, int]:
 
 
 class LaunchBuffer:
-    """Host memory holding packed kernargs, alive for one launch call.
+    """Host memory holding packed kernargs for launch calls.
 
     `extra(ptr_tag, size_tag, end_tag)` gives the address of a void*[5] array
     {BUFFER_POINTER, &buf, BUFFER_SIZE, &size, END}; `params(offsets)` the address of a
     void*[n] array of pointers into the buffer (CUDA's kernelParams form). Both driver APIs
-    copy the arguments during the launch call, so the buffer may die right after it.
+    copy the arguments during the launch call, so the buffer may die, or be refilled in
+    place through `storage` for the next launch, right after it (`data` is then stale).
     """
 
     def __init__(self, data: bytes):
@@ -324,6 +325,7 @@ class LaunchBuffer:
         self._store = (ctypes.c_uint64 * ((n + 15) // 8))()
         ctypes.memmove(self._store, self.data, len(self.data))
         self.address = ctypes.addressof(self._store)
+        self.storage = self._store  # writable in place: PackPlan.fill targets it
         self._size = ctypes.c_size_t(len(self.data))
         self._keep: list[Any] = []
 
@@ -350,35 +352,3 @@ def read_params(address: int, sizes: Sequence[int]) -> list[bytes]:
     """Decode a kernelParams array (for fakes in tests): the bytes each entry points at."""
     ptrs = (ctypes.c_void_p * len(sizes)).from_address(address)
     return [ctypes.string_at(p, s) for p, s in zip(ptrs, sizes)]
-
-
-class PackPlan:
-    """A kernel's argument layout compiled into one struct format, for the launch path of
-    callers that have already checked their tensors (the communicators do, before any
-    launch). Struct still range-checks every integer; dtype, device and alignment checks
-    are left to `pack_args`, the checked path."""
-
-    _CODES = {"i32": "i", "i64": "q", "f32": "f"}
-
-    def __init__(self, args: Sequence[ArgSpec], kernarg_size: int):
-        tables = peer_tables(args)
-        member = {m: (base, i) for base, ms in tables.items() for i, m in enumerate(ms)}
-        fmt, pos, self.fields = "<", 0, []
-        for a in sorted(args, key=lambda a: a.offset):
-            fmt += "x" * (a.offset - pos)
-            fmt += "Q" if a.type.is_pointer else self._CODES[a.type.scalar]
-            pos = a.offset + a.size
-            base, index = member.get(a.name, (a.name, None))
-            self.fields.append((base, index, a.type.is_pointer))
-        self.struct = struct.Struct(fmt + "x" * (kernarg_size - pos))
-
-    def pack(self, values: Mapping[str, Any]) -> bytes:
-        out = []
-        for base, index, is_pointer in self.fields:
-            v = values[base]
-            if index is not None:
-                v = v[index] if index < len(v) else v[0]
-            if is_pointer and not isinstance(v, int):
-                v = 0 if v is None else (v.data_ptr() if hasattr(v, "data_ptr") else int(v))
-            out.append(v)
-        return self.struct.pack(*out)

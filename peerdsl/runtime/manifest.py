@@ -15,8 +15,9 @@ import struct
 from pathlib import Path
 from typing import Any, Mapping
 
-from .kernarg import (ArgSpec, KernargError, PackPlan, arg_specs_from_json, pack_args,
-                      pack_kernargs, peer_tables, validate_layout)
+from .kernarg import (ArgSpec, KernargError, arg_specs_from_json, pack_args, pack_kernargs,
+                      peer_tables, validate_layout)
+from .packplan import PackPlan
 
 __all__ = ["KNOWN_ARCHS", "ManifestError", "KernelEntry", "Manifest", "load_manifest",
            "constexpr_json", "pack_kernargs", "KernargError"]
@@ -76,10 +77,15 @@ class KernelEntry:
 
     def pack_trusted(self, args: Mapping[str, Any]) -> bytes:
         """`pack` without the per-tensor checks, for callers that checked their inputs."""
+        return self.pack_plan().pack(args)
+
+    def pack_plan(self) -> PackPlan:
+        """The compiled layout behind `pack_trusted`, built once per instance (the loaders
+        fill their preallocated launch buffers with it)."""
         plan = _PLANS.get(self.name)
         if plan is None or plan[0] is not self.args:
             plan = _PLANS[self.name] = (self.args, PackPlan(self.args, self.kernarg_size))
-        return plan[1].pack(args)
+        return plan[1]
 
 
 @dataclasses.dataclass(frozen=True)
