@@ -195,7 +195,7 @@ class Communicator(Collectives):
         return torch.empty(shape, dtype=dtype, device=self.device)
 
     def _get(self, buf: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        return buf.view(shape)
+        return buf if buf.shape == shape else buf.view(shape)  # a view costs ~3 us
 
     def _stage(self, t: torch.Tensor) -> int:
         t = self._dev(t)
