@@ -176,11 +176,11 @@ def test_eager_launch_raises_the_recorded_timeout_once(comm, monkeypatch):
                 .view(torch.uint8))
     with comm.graph_capture():
         comm.null_collective()                   # a captured launch never reads it
-    # (the record's fields are not compared: on this CPU stand-in check_errors' numpy view
-    # aliases the words it clears, where a GPU's .cpu() copies them first)
     with pytest.raises(CollectiveTimeout, match="in kernel null_collective") as e:
         comm.null_collective()
     assert e.value.reporter == 1
+    assert (e.value.rank, e.value.block, e.value.what, e.value.expected, e.value.seen) == \
+        (2, 3, layout.WAIT_END, 7, 5)
     assert not words.any()                       # cleared, so the next call goes through
     comm.null_collective()
 

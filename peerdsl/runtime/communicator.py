@@ -279,7 +279,8 @@ class Communicator(Collectives):
     def check_errors(self, kernel_name: str = "") -> None:
         """Synchronize and raise CollectiveTimeout if a spin of this rank expired."""
         at = layout.SIG_ERROR * 4
-        rec = self._buffer[at:at + 4 * layout.ERROR_WORDS].cpu().numpy().view(np.int32)
+        # a copy: on a CPU stand-in .cpu() would alias the words the next line clears
+        rec = self._buffer[at:at + 4 * layout.ERROR_WORDS].cpu().numpy().view(np.int32).copy()
         if rec[0] != 0:
             self._buffer[at:at + 4 * layout.ERROR_WORDS].zero_()
             raise CollectiveTimeout(int(rec[1]), int(rec[2]), int(rec[3]), int(rec[4]),
