@@ -258,8 +258,15 @@ def main() -> int:
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--hidden", type=int, nargs="+", default=[6144])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--replot", metavar="JSON", help="redraw the table and plot of a saved run")
     ap.add_argument("--rank-worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            saved = json.load(f)
+        print(report(saved))
+        plot(saved, os.path.splitext(args.replot)[0] + ".png")
+        return 0
     if args.rank_worker:
         rank, world, port = args.rank_worker
         print("REPORT " + json.dumps(rank_main(rank, world, port, args.build, args.hidden)),
@@ -373,32 +380,44 @@ def report(summary: dict) -> str:
 
 
 def plot(summary: dict, path: str) -> None:
+    """us per call against rows: one panel per TP and hidden size, a line per path (the
+    measured pieces, the fused dispatch, and each fused path forced where it was swept)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, tp in zip(axes, [k for k in summary if k.startswith("tp")]):
+    tps = [k for k in summary if k.startswith("tp")]
+    hiddens = summary.get("hidden", [6144])
+    fig, axes = plt.subplots(len(tps), len(hiddens), figsize=(5.5 * len(hiddens), 4.2 * len(tps)),
+                             squeeze=False)
+    for row, tp in enumerate(tps):
         rows = summary[tp]["rows"]
-        keys = [k for k in rows if k.startswith(k.split(":")[0])]
-        h0 = keys[0].split(":")[0]
-        xs = [int(k.split(":")[1]) for k in rows if k.startswith(h0 + ":")]
-        for name, label in (("ar_us", "all-reduce"), ("rms_us", "add+RMSNorm"),
-                            ("fused_us", "fused dispatch")):
-            ax.plot(xs, [rows[f"{h0}:{x}"][name] for x in xs], marker="o", label=label)
-        ax.plot(xs, [rows[f"{h0}:{x}"]["ar_us"] + rows[f"{h0}:{x}"]["rms_us"] for x in xs],
-                linestyle="--", label="unfused sum")
-        ax.axhline(summary[tp]["null_us"], color="gray", linestyle=":", label="null collective")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"{tp.upper()} H={h0} bf16, H200 (ranks share one GPU)")
-        ax.set_xlabel("rows")
-        ax.set_ylabel("us per call (graph)")
-        ax.legend()
+        for col, h in enumerate(hiddens):
+            ax = axes[row][col]
+            keys = [k for k in rows if k.startswith(f"{h}:")]
+            xs = [int(k.split(":")[1]) for k in keys]
+            for name, label in (("ar_us", "all-reduce"), ("rms_us", "add+RMSNorm"),
+                                ("fused_us", "fused dispatch")):
+                ax.plot(xs, [rows[k][name] for k in keys], marker="o", label=label)
+            ax.plot(xs, [rows[k]["ar_us"] + rows[k]["rms_us"] for k in keys], linestyle="--",
+                    label="unfused sum")
+            for forced in ("ll+rmsnorm", "fused_1stage", "fused_2stage"):
+                pts = [(x, rows[k]["paths_us"][forced + "_us"]) for x, k in zip(xs, keys)
+                       if forced + "_us" in rows[k].get("paths_us", {})]
+                if pts:
+                    ax.plot(*zip(*pts), linestyle=":", marker=".", label=f"{forced} (forced)")
+            ax.axhline(summary[tp]["null_us"], color="gray", linestyle="-.",
+                       label="null collective")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{tp.upper()} H={h} bf16 (ranks share one H200)")
+            ax.set_xlabel("rows")
+            ax.set_ylabel("us per call (graph)")
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":
