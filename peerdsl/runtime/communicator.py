@@ -99,6 +99,7 @@ class Communicator(Collectives):
         self._opened: list[Any] = []  # peers' mappings, released by close()
         self.peer_bases = self._share_vmm(total) if allocator == "vmm" else self._share_ipc(total)
         self._pool = self._buffer[self.meta_layout.total_bytes:]
+        self._pool_views: dict[tuple, torch.Tensor] = {}
         # 64 bytes per captured call: 16384 rows cover ~67 graph sizes x 2 calls x 120 layers
         self.tables = PeerTables(max_graph_buffers + 1, self.world, self.rank, self.device)
         self.tables.set_row(0, self.pool_peers)
@@ -205,7 +206,13 @@ class Communicator(Collectives):
                              "bytes (Communicator max_size)")
         if self._capturing and self._stream_capturing():
             return self.tables.reserve(t.data_ptr(), nbytes)  # registered after the capture
-        self._pool[:nbytes].copy_(t.view(-1).view(torch.uint8))
+        key = (t.dtype, t.shape)
+        dst = self._pool_views.get(key)
+        if dst is None:  # a typed view of the pool per shape, made once (views cost us each)
+            if len(self._pool_views) > 64:
+                self._pool_views.clear()
+            dst = self._pool_views[key] = self._pool[:nbytes].view(t.dtype).view(t.shape)
+        dst.copy_(t)
         return self.tables.base
 
     @staticmethod
@@ -357,6 +364,7 @@ class Communicator(Collectives):
                 ipc_close(addr)
         self._opened, self._graph_opened = [], []
         self._buffer = self._pool = None  # type: ignore[assignment]
+        self._pool_views = {}
         if self.allocator == "vmm":
             vmm.vmm_free(self._vmm_own)
         self._dist.barrier(group=self.group)
