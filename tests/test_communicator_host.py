@@ -87,6 +87,7 @@ def test_construction_and_close(comm):
 def test_fused_paths_and_arguments(comm, monkeypatch):
     monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
     monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(1 << 20))  # sm_90 has no fused LL
+    monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", "0")    # nor small two-stage
     x = torch.randn(2, 6144).to(torch.bfloat16)
     res, w = torch.randn(2, 6144).to(torch.bfloat16), torch.ones(6144, dtype=torch.bfloat16)
     comm.fused_allreduce_rmsnorm(x, res, w)  # 24 KiB: under the 64 KiB LL scratch
@@ -175,7 +176,9 @@ def test_eager_launch_raises_the_recorded_timeout_once(comm, monkeypatch):
     words.copy_(torch.tensor([1, 2, 3, layout.WAIT_END, 7, 5, 0, 0], dtype=torch.int32)
                 .view(torch.uint8))
     with comm.graph_capture():
+        monkeypatch.setattr(comm, "_stream_capturing", lambda: True)
         comm.null_collective()                   # a captured launch never reads it
+        monkeypatch.setattr(comm, "_stream_capturing", lambda: False)
     with pytest.raises(CollectiveTimeout, match="in kernel null_collective") as e:
         comm.null_collective()
     assert e.value.reporter == 1
@@ -187,6 +190,7 @@ def test_eager_launch_raises_the_recorded_timeout_once(comm, monkeypatch):
 
 def test_kernels_are_looked_up_once(comm, monkeypatch):
     monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
+    monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", "0")
     calls = []
     kernel = comm.loader.kernel
     monkeypatch.setattr(comm.loader, "kernel", lambda name, **cx: calls.append(name) or
@@ -196,7 +200,38 @@ def test_kernels_are_looked_up_once(comm, monkeypatch):
     for _ in range(3):
         comm.fused_allreduce_rmsnorm(x, x, w)
     monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(1 << 20))  # sm_90 has no fused LL
+    monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", "0")    # nor small two-stage
     for _ in range(3):
         comm.fused_allreduce_rmsnorm(x, x, w)
     assert calls == ["fused_ar_rms_2stage", "allreduce_ll", "add_rmsnorm"]
     assert len(comm.log) == 3 + 6
+
+
+def test_graph_capture_failures_nesting_and_alignment(comm, monkeypatch):
+    from peerdsl.runtime.errors import CollectiveTimeout
+    capturing = [False]
+    monkeypatch.setattr(comm, "_stream_capturing", lambda: capturing[0])
+    sent = []
+    real = comm._dist.all_gather_object
+    monkeypatch.setattr(comm._dist, "all_gather_object",
+                        lambda out, obj, group=None: (sent.append(obj), real(out, obj, group)))
+    # an eager warm-up inside the context checks errors like any eager call
+    at = layout.SIG_ERROR * 4
+    comm._buffer[at:at + 4].copy_(torch.tensor([1], dtype=torch.int32).view(torch.uint8))
+    with pytest.raises(CollectiveTimeout):
+        with comm.graph_capture():
+            comm.null_collective()
+    assert sent == [f"rank 1: {CollectiveTimeout(0, 0, 0, 0, 0, 'null_collective', 1)!r}"]
+    assert not comm._capturing and comm.tables.next_row == 1
+    # nesting is refused, and the outer context still registers at its exit
+    with comm.graph_capture():
+        with pytest.raises(RuntimeError, match="already open"):
+            with comm.graph_capture():
+                pass
+        # a misaligned input is captured through an aligned copy kept alive
+        capturing[0] = True
+        buf = torch.zeros(4 * 1024 + 8, dtype=torch.bfloat16)
+        comm.all_gather(buf[1:4 * 1024 + 1])
+        capturing[0] = False
+    row = comm.tables.tensor[1]
+    assert row[comm.rank] % 16 == 0 and row[comm.rank] == comm._graph_inputs[0].data_ptr()

@@ -122,15 +122,22 @@ def test_each_target_has_its_table():
     assert plan_all_reduce("sm_90", 4, 96 << 10) == "ll"
     assert plan_all_reduce("sm_90", 4, 192 << 10) == "2stage"
     assert plan_fused_ar_rms("sm_90", 2, 1, 6144, BF16) == "fused_1stage"
-    assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_2stage"      # 96 KiB
-    assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_2stage"   # 768 KiB
+    assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_1stage"      # 96 KiB
+    assert plan_fused_ar_rms("sm_90", 4, 256, 6144, BF16) == "fused_1stage"    # 3 MiB
+    assert plan_fused_ar_rms("sm_90", 4, 384, 6144, BF16) == "fused_2stage"    # 4.5 MiB
+    assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_1stage"   # 768 KiB
 
 
 def test_fused_ll_range_has_its_own_override(monkeypatch):
     monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(128 << 10))
     assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "ll+rmsnorm"   # 96 KiB
     monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(8 * MiB))     # capped by the LL cap
-    assert plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16) == "fused_2stage"  # 192 KiB
+    assert plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16) == "fused_1stage"  # 192 KiB
+    monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", "0")
+    assert plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16) == "fused_2stage"
+    monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", "-1")
+    with pytest.raises(ValueError, match="must be >= 0"):
+        plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16)
     monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", "0")
     assert plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16) == "fused_2stage"
 
@@ -139,6 +146,7 @@ def test_fused_ll_range_has_its_own_override(monkeypatch):
 def test_cached_plans_follow_the_environment_at_once(monkeypatch, raw_environ):
     if not raw_environ:  # where os.environ has no dict of its own: os.environ.get per name
         monkeypatch.setattr(dispatch, "_ENV_KEYS", ())
+    monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", "0")
     args = ("sm_90", 4, 16, 6144, BF16)
     cap = {"ll_max_bytes": 64 << 10, "staging_bytes": 16 * MiB}
     for _ in range(2):  # the second round is served from the caches

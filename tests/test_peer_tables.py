@@ -34,7 +34,7 @@ def test_register_pending_fills_each_rank_column():
 
     # rank r's handle for buffer i opens at r * 0x100000 + its own address
     def exchange(mine):
-        return [[h for h in mine] for _ in range(3)]
+        return [list(mine) for _ in range(3)]
 
     opened = iter(range(1, 100))
     assert t.register_pending(exchange, export, lambda w: next(opened) << 40) == 2
@@ -47,8 +47,31 @@ def test_register_pending_fills_each_rank_column():
 def test_ranks_that_captured_different_calls_are_told_so():
     t = _tables(rank=0, world=2)
     t.reserve(0x1000, 64)
-    with pytest.raises(RuntimeError, match=r"different numbers of collective calls \(\[1, 2\]"):
+    with pytest.raises(RuntimeError, match=r"different collective calls \(\[1, 2\] calls"):
         t.register_pending(lambda mine: [mine, mine * 2], lambda a, n: b"h", lambda w: 1)
+    assert t.next_row == 1 and not t.pending  # the failed capture's rows are free again
+    t.reserve(0x1000, 64)
+    with pytest.raises(RuntimeError, match="inputs of different sizes"):
+        t.register_pending(lambda mine: [mine, [(b"h", 128)]], lambda a, n: b"h", lambda w: 1)
+
+
+def test_a_failed_rank_still_exchanges_and_every_rank_raises():
+    t = _tables(rank=0, world=2)
+    t.reserve(0x1000, 64)
+    sent = []
+
+    def exchange(mine):
+        sent.append(mine)
+        return [mine, [(b"h", 64)]]
+    with pytest.raises(RuntimeError, match="failed on 1 rank"):
+        t.register_pending(exchange, lambda a, n: b"h", lambda w: 1, failure="rank 0: boom")
+    assert sent == ["rank 0: boom"] and t.next_row == 1
+
+    def cannot_export(a, n):
+        raise OSError("expandable segments")
+    t.reserve(0x1000, 64)
+    with pytest.raises(RuntimeError, match="rank 0: expandable segments"):
+        t.register_pending(lambda mine: [mine, [(b"h", 64)]], cannot_export, lambda w: 1)
 
 
 def test_running_out_of_rows_names_the_setting():

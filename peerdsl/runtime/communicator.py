@@ -31,8 +31,7 @@ from .errors import CollectiveTimeout
 from .peer_tables import PeerTables
 
 MiB = 1 << 20
-SPIN_ITERATIONS_PER_SECOND = 2_000_000
-MAX_BLOCKS_PER_SM = 8  # a bound only: each kernel's occupancy decides  # a system-scope poll takes >= 0.5 us on every target
+SPIN_ITERATIONS_PER_SECOND = 2_000_000  # a system-scope poll takes >= 0.5 us on every target
 
 
 def _device_bytes(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
@@ -104,6 +103,7 @@ class Communicator(Collectives):
         self.tables = PeerTables(max_graph_buffers + 1, self.world, self.rank, self.device)
         self.tables.set_row(0, self.pool_peers)
         self._graph_opened: list[int] = []  # peers' captured buffers mapped here
+        self._graph_inputs: list[torch.Tensor] = []  # aligned copies captured graphs read
         self.set_timeout(timeout_s)
         torch.cuda.synchronize(self.device)
         dist.barrier(group=group)
@@ -205,6 +205,9 @@ class Communicator(Collectives):
             raise ValueError(f"{nbytes} bytes exceed the registered pool of {self.max_size} "
                              "bytes (Communicator max_size)")
         if self._capturing and self._stream_capturing():
+            if t.data_ptr() % 16:  # the kernels read 16-byte packs in place: an aligned copy,
+                t = t.clone()      # kept as long as the graphs may replay (until close())
+                self._graph_inputs.append(t)
             return self.tables.reserve(t.data_ptr(), nbytes)  # registered after the capture
         key = (t.dtype, t.shape)
         dst = self._pool_views.get(key)
@@ -240,7 +243,8 @@ class Communicator(Collectives):
                 cap = self._caps[key] = self._resident_cap(hit[0])
             grid = min(grid, cap)
         hit[1](grid, args)
-        if self.check_each_call and not local and not self._capturing:
+        if self.check_each_call and not local and not (self._capturing
+                                                        and self._stream_capturing()):
             # The flag word alone says whether a spin expired; check_errors decodes the
             # record only then. Its view is made once (slicing costs more than the read) and
             # kept with the buffer it views, so a closed communicator never reads through it.
@@ -306,23 +310,31 @@ class Communicator(Collectives):
         registered with the peers when this context exits, which is collective. Eager calls
         inside (warm-up) behave as outside. A replay cannot raise: call `check_errors()`
         after replays (the next eager call also does)."""
+        if self._capturing:
+            raise RuntimeError("comm.graph_capture() is already open: nest torch.cuda.graph() "
+                               "captures inside one graph_capture(), not graph_capture()s")
         self._capturing = True
         try:
             yield
-        except BaseException:
-            self.tables.pending.clear()  # the capture failed: nothing to register
-            raise
-        finally:
+        except BaseException as e:
             self._capturing = False
+            if not self._stream_capturing():  # peers wait for this rank at the exchange
+                with contextlib.suppress(RuntimeError):  # this rank raises its own error
+                    self.register_graph_buffers(failure=f"rank {self.rank}: {e!r}")
+            self.tables.discard_pending()
+            raise
+        self._capturing = False
         if self._stream_capturing():
+            self.tables.discard_pending()
             raise RuntimeError("comm.graph_capture() ended while a CUDA graph capture is still "
                                "running: enter graph_capture() outside torch.cuda.graph(), so "
                                "buffers are registered after the capture ends")
         self.register_graph_buffers()
 
-    def register_graph_buffers(self) -> int:
+    def register_graph_buffers(self, failure: str | None = None) -> int:
         """Collective: give the peers every input captured since the last call and fill
-        their table rows. graph_capture() calls it; returns how many buffers."""
+        their table rows. graph_capture() calls it (with `failure` when this rank's capture
+        raised, so every rank raises instead of waiting); returns how many buffers."""
         from .cuda.ipc import IpcHandle, ipc_export, ipc_open
 
         def export(address: int, nbytes: int) -> bytes:
@@ -344,7 +356,7 @@ class Communicator(Collectives):
             self._dist.all_gather_object(out, obj, group=self.group)
             return out
 
-        return self.tables.register_pending(exchange, export, open_peer)
+        return self.tables.register_pending(exchange, export, open_peer, failure)
 
     def close(self) -> None:
         """Release peer mappings and this rank's memory (collective)."""
@@ -362,7 +374,7 @@ class Communicator(Collectives):
             from .cuda.ipc import ipc_close
             for addr in self._graph_opened:
                 ipc_close(addr)
-        self._opened, self._graph_opened = [], []
+        self._opened, self._graph_opened, self._graph_inputs = [], [], []
         self._buffer = self._pool = None  # type: ignore[assignment]
         self._pool_views = {}
         if self.allocator == "vmm":

@@ -6,7 +6,10 @@ all-reduce, which moves four times the bytes of the one-stage kernel, cost 13 us
 and 46 us at 64 rows (TP4, H=6144) while the two-stage kernel took 43 us at 384 rows, so LL
 only pays below about 128 KiB there. For the fused entry the one-stage kernel beat LL + add +
 RMSNorm at every row count measured (1 to 256 rows, TP2 and TP4, H 2880/6144/8192: e.g. TP4
-H=6144 one row 10.5 vs 12.3 us), so sm_90's fused LL range is empty. Every threshold has a
+H=6144 one row 10.5 vs 12.3 us), so sm_90's fused LL range is empty; and the one-stage fused
+kernel beat the two-stage one up to 256 rows at TP4 (H=6144: 9.5 vs 11.7 us at 16 rows, 29.5
+vs 32.9 at 256; H=8192 likewise) in two runs, so the fused two-stage path starts at 4 MiB
+there (384 rows of 6144 bf16 are 4.5 MiB). Every threshold has a
 `PEERDSL_*` environment override, read at each call.
 """
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Thresholds:
     # the fused entry's LL range (None: ll_max_bytes, as in SPEC section 5); a target where
     # the one-stage fused kernel beats LL + add + RMSNorm sets its own
     fused_ll_max_bytes: int | None = None
+    fused_two_stage_min_bytes: int = 0  # below it the fused entry takes the one-stage kernel
 
     @property
     def fused_ll_cap(self) -> int:
@@ -50,7 +54,8 @@ TABLES = {
     "gfx1250": Thresholds(),
     "gfx950": Thresholds(),
     "gfx942": Thresholds(),
-    "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0),
+    "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
+                        fused_two_stage_min_bytes=4 * MiB),
 }
 
 _ENV = {
@@ -61,6 +66,7 @@ _ENV = {
     "two_stage_min_hidden": "PEERDSL_TWO_STAGE_MIN_HIDDEN",
     "ar_quant_max_bytes": "PEERDSL_AR_QUANT_MAX_BYTES",
     "fused_ll_max_bytes": "PEERDSL_FUSED_LL_MAX_BYTES",
+    "fused_two_stage_min_bytes": "PEERDSL_FUSED_TWO_STAGE_MIN_BYTES",
 }
 
 
@@ -180,7 +186,7 @@ def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8
         plan = "fallback"
     elif nbytes <= t.fused_ll_cap:
         plan = "ll+rmsnorm"
-    elif two_stage_fits(t, world, hidden, nbytes):
+    elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(t, world, hidden, nbytes):
         plan = "fused_2stage"
     else:
         plan = "fused_1stage"

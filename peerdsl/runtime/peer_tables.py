@@ -52,22 +52,47 @@ class PeerTables:
         self.pending.append((row, address, nbytes))
         return self.row_address(row)
 
+    def discard_pending(self) -> None:
+        """Forget the rows reserved since the last registration (a capture that failed)."""
+        if self.pending:
+            self.next_row = self.pending[0][0]
+        self.pending = []
+
     def register_pending(self, exchange: Callable[[Any], list],
                          export: Callable[[int, int], bytes],
-                         open_peer: Callable[[bytes], int]) -> int:
+                         open_peer: Callable[[bytes], int], failure: str | None = None) -> int:
         """Collective: share every captured buffer with the peers and fill its row.
         `exchange(obj)` all-gathers a picklable object, `export(address, nbytes)` gives the
-        wire form of an IPC handle, `open_peer(wire)` maps a peer's buffer here. Returns how
-        many rows were filled."""
-        pending, self.pending = self.pending, []
-        mine = [export(address, nbytes) for _, address, nbytes in pending]
+        wire form of an IPC handle, `open_peer(wire)` maps a peer's buffer here. A rank whose
+        capture failed passes `failure` (it still takes part, so no peer waits for it) and
+        every rank then raises. Returns how many rows were filled."""
+        pending = self.pending
+        mine: Any = failure
+        if failure is None:
+            try:
+                mine = [(export(address, nbytes), nbytes) for _, address, nbytes in pending]
+            except Exception as e:  # noqa: BLE001 - sent to the peers, then raised here
+                mine = f"rank {self.rank}: {e}"
         everyone = exchange(mine)
-        counts = [len(handles) for handles in everyone]
-        if len(set(counts)) != 1:
+        failed = [f for f in everyone if isinstance(f, str)]
+        if failed:
+            self.discard_pending()
+            raise RuntimeError("graph buffer registration failed on "
+                               f"{len(failed)} rank(s): " + "; ".join(failed))
+        sizes = [[n for _, n in handles] for handles in everyone]
+        if any(s != sizes[0] for s in sizes):
+            self.discard_pending()
+            counts = [len(s) for s in sizes]
             raise RuntimeError(
-                f"ranks captured different numbers of collective calls ({counts} by rank): "
-                "every rank must capture the same calls in the same order")
-        for i, (row, address, _) in enumerate(pending):
-            self.set_row(row, [address if r == self.rank else open_peer(everyone[r][i])
-                               for r in range(self.world)])
+                f"ranks captured different collective calls ({counts} calls by rank, or "
+                "inputs of different sizes): every rank must capture the same calls in the "
+                "same order")
+        rows = torch.zeros((len(pending), layout.MAX_RANKS), dtype=torch.int64)
+        for i, (_, address, _) in enumerate(pending):
+            for r in range(self.world):
+                rows[i, r] = address if r == self.rank else open_peer(everyone[r][i][0])
+        if pending:  # reserved one after another: one copy
+            first = pending[0][0]
+            self.tensor[first:first + len(pending)].copy_(rows)
+        self.pending = []
         return len(pending)
