@@ -235,3 +235,16 @@ def test_graph_capture_failures_nesting_and_alignment(comm, monkeypatch):
         capturing[0] = False
     row = comm.tables.tensor[1]
     assert row[comm.rank] % 16 == 0 and row[comm.rank] == comm._graph_inputs[0].data_ptr()
+
+
+def test_ranks_sharing_a_gpu_are_counted_by_its_uuid():
+    c = object.__new__(cm.Communicator)
+    c.world, c.group, c.dev_index = 4, None, 0
+    props = types.SimpleNamespace(uuid="GPU-a")
+    for peers, want in ((["GPU-a"] * 4, 4), (["GPU-a", "GPU-b", "GPU-c", "GPU-d"], 1),
+                        (["GPU-a", "GPU-a", "GPU-b", "GPU-b"], 2)):
+        def gather(out, obj, group=None, peers=peers):
+            host = obj.split(":")[0]
+            out[:] = [f"{host}:{p}" for p in peers]
+        c._dist = types.SimpleNamespace(all_gather_object=gather)
+        assert c._ranks_on_this_gpu(props) == want

@@ -83,7 +83,7 @@ class Communicator(Collectives):
         # per SM each (an occupancy-based split, tried on the H200, left no slack and timed
         # out under MPS), and each collective kernel is also capped by its occupancy.
         self._sms = props.multi_processor_count
-        self._sharing = -(-self.world // max(1, torch.cuda.device_count()))
+        self._sharing = self._ranks_on_this_gpu(props)
         self.max_grid = max(1, min(layout.MAX_BLOCKS, max_grid or (
             self._sms * (2 if self._sharing == 1 else 1) // self._sharing)))
         self._caps: dict[tuple, int] = {}
@@ -107,6 +107,15 @@ class Communicator(Collectives):
         self.set_timeout(timeout_s)
         torch.cuda.synchronize(self.device)
         dist.barrier(group=group)
+
+    def _ranks_on_this_gpu(self, props: Any) -> int:
+        """How many ranks of the group run on this rank's physical GPU (by its UUID, so
+        per-rank CUDA_VISIBLE_DEVICES and MPS sharing both count right)."""
+        import socket
+        mine = f"{socket.gethostname()}:{getattr(props, 'uuid', '') or self.dev_index}"
+        everyone: list[Any] = [None] * self.world
+        self._dist.all_gather_object(everyone, mine, group=self.group)
+        return max(1, everyone.count(mine))
 
     def _share_ipc(self, total: int) -> list[int]:
         """Every rank's address of a zeroed torch allocation, through CUDA IPC handles."""
