@@ -248,3 +248,22 @@ def test_ranks_sharing_a_gpu_are_counted_by_its_uuid():
             out[:] = [f"{host}:{p}" for p in peers]
         c._dist = types.SimpleNamespace(all_gather_object=gather)
         assert c._ranks_on_this_gpu(props) == want
+
+
+def test_release_graph_buffers_closes_peer_mappings_and_frees_rows(comm, monkeypatch):
+    from peerdsl.runtime.cuda import ipc
+    closed = []
+    monkeypatch.setattr(ipc, "ipc_close", closed.append)
+    capturing = [False]
+    monkeypatch.setattr(comm, "_stream_capturing", lambda: capturing[0])
+    x = torch.ones(4096, dtype=torch.bfloat16)
+    with comm.graph_capture():
+        capturing[0] = True
+        comm.all_gather(x)
+        capturing[0] = False
+    opened = list(comm._graph_opened)
+    assert len(opened) == 3 and comm.tables.next_row == 2 and comm.tables.tensor[1].any()
+    comm.release_graph_buffers()
+    assert closed == opened and not comm._graph_opened
+    assert comm.tables.next_row == 1 and not comm.tables.tensor[1:].any()
+    assert comm.tables.tensor[0, :4].tolist() == comm.pool_peers  # the pool's row stays

@@ -367,6 +367,24 @@ class Communicator(Collectives):
 
         return self.tables.register_pending(exchange, export, open_peer, failure)
 
+    def release_graph_buffers(self) -> None:
+        """Collective: forget every buffer registered by graph captures, once the graphs that
+        read them are gone (a serving engine re-capturing its graphs calls this first): the
+        peers' mappings are closed, the table rows freed for new captures."""
+        if self._capturing:
+            raise RuntimeError("release_graph_buffers() inside graph_capture()")
+        torch.cuda.synchronize(self.device)
+        self._dist.barrier(group=self.group)  # no rank replays a graph that reads them
+        self._drop_graph_buffers()
+        self._dist.barrier(group=self.group)
+
+    def _drop_graph_buffers(self) -> None:
+        from .cuda.ipc import ipc_close
+        opened, self._graph_opened, self._graph_inputs = self._graph_opened, [], []
+        for addr in opened:
+            ipc_close(addr)
+        self.tables.reset()
+
     def close(self) -> None:
         """Release peer mappings and this rank's memory (collective)."""
         torch.cuda.synchronize(self.device)
@@ -379,11 +397,8 @@ class Communicator(Collectives):
             from .cuda.ipc import ipc_close
             for addr in self._opened:
                 ipc_close(addr)
-        if self._graph_opened:
-            from .cuda.ipc import ipc_close
-            for addr in self._graph_opened:
-                ipc_close(addr)
-        self._opened, self._graph_opened, self._graph_inputs = [], [], []
+        self._drop_graph_buffers()
+        self._opened = []
         self._buffer = self._pool = None  # type: ignore[assignment]
         self._pool_views = {}
         if self.allocator == "vmm":

@@ -52,6 +52,11 @@ class PeerTables:
         self.pending.append((row, address, nbytes))
         return self.row_address(row)
 
+    def reset(self) -> None:
+        """Free every row but the pool's (the buffers they name are no longer read)."""
+        self.tensor[1:self.next_row].zero_()
+        self.next_row, self.pending = 1, []
+
     def discard_pending(self) -> None:
         """Forget the rows reserved since the last registration (a capture that failed)."""
         if self.pending:
