@@ -5,7 +5,8 @@ Captured calls record their inputs' addresses in fresh rows of the device-side p
 every rank shares the recorded buffers through the group and the rows are filled, so
 replays read the captured buffers in place. Uses the Communicator's `tables`, `_dist`,
 `group`, `rank`, `world`, `device`, `dev_index`, `_capturing`, `_graph_opened`,
-`_graph_inputs` and `_stream_capturing()`.
+`_graph_inputs` and `_stream_capturing()`. Capture from one thread per communicator (as
+torch's graph capture itself expects): the row reservation is not locked.
 """
 from __future__ import annotations
 
