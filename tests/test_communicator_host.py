@@ -267,3 +267,17 @@ def test_release_graph_buffers_closes_peer_mappings_and_frees_rows(comm, monkeyp
     assert closed == opened and not comm._graph_opened
     assert comm.tables.next_row == 1 and not comm.tables.tensor[1:].any()
     assert comm.tables.tensor[0, :4].tolist() == comm.pool_peers  # the pool's row stays
+
+
+def test_collective_launches_are_clamped_to_the_resident_cap_and_local_ones_are_not(
+        comm, monkeypatch):
+    monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
+    monkeypatch.setattr(cm.Communicator, "_resident_cap", lambda self, k: 5)
+    comm._caps.clear()
+    x = torch.randn(64, 6144).to(torch.bfloat16)
+    w = torch.ones(6144, dtype=torch.bfloat16)
+    comm.fused_allreduce_rmsnorm(x, x, w)
+    comm.add_rmsnorm(x, x, w)
+    (fused, _, fused_grid, _), (local, _, local_grid, _) = comm.log[-2:]
+    assert fused.startswith("fused_ar_rms_") and fused_grid == 5
+    assert local == "add_rmsnorm" and local_grid == 64  # one block per row, no co-residency
