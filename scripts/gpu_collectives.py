@@ -128,6 +128,19 @@ def rank_main(rank: int, world: int, port: int, build: str, steps: int, replays:
     report["replays"], report["replay_mismatches"] = replays, int(bad)
     if bad:
         report["failures"].append(f"{bad} mismatches over {replays} replays")
+    # the graph is dropped, its buffers released on every rank, and a re-capture reuses rows
+    del graph
+    comm.release_graph_buffers()
+    graph = torch.cuda.CUDAGraph()
+    with comm.graph_capture(), torch.cuda.graph(graph, stream=stream):
+        outs = comm.fused_allreduce_rmsnorm(static_x, res, w)
+    static_x.copy_(xs_b[rank])
+    graph.replay()
+    torch.cuda.synchronize(dev)
+    report["checks"] += 1
+    report["rows_after_release"] = comm.tables.next_row
+    if comm.tables.next_row != 2 or not all(torch.equal(o, e) for o, e in zip(outs, want_b)):
+        report["failures"].append("re-capture after release_graph_buffers")
 
     # interleave with GPU-side per-rank delays
     from peerdsl.ops.gpu_delay import gpu_delay  # noqa: F401 (registered op)
