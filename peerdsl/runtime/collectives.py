@@ -209,16 +209,17 @@ class Collectives:
                     fp8_out: bool = False, bf16_mirror: bool = False) -> NormResult:
         rows, hidden, T = self._norm_checks(x, residual, weight)
         flags = self._flags(gemma_norm, fp8_out, bf16_mirror)
-        bufs = self._norm_outputs(rows, hidden, x.dtype, flags)
-        self._launch_add_rmsnorm(self._dev(x.contiguous()), residual, weight, eps, flags, bufs,
-                                 rows, hidden, T)
-        return self._norm_result(bufs, rows, hidden, x.dtype, flags)
+        return self._add_rmsnorm(x, residual, weight, eps, flags, rows, hidden, T)
 
-    def _launch_add_rmsnorm(self, x_addr, residual, weight, eps, flags, bufs, rows, hidden, T):
+    def _add_rmsnorm(self, x, residual, weight, eps, flags, rows, hidden, T) -> NormResult:
+        """add + RMSNorm of inputs checked already (by add_rmsnorm or the fused entry)."""
+        bufs = self._norm_outputs(rows, hidden, x.dtype, flags)
         self._launch("add_rmsnorm", {"T": T, "H": hidden, "FP8": self.fp8_format},
                      self._local_grid(rows), dict(
-                         x=x_addr, residual=self._dev(residual), weight=self._dev(weight),
-                         rows=rows, eps=float(eps), flags=flags, **bufs), local=True)
+                         x=self._dev(x.contiguous()), residual=self._dev(residual),
+                         weight=self._dev(weight), rows=rows, eps=float(eps), flags=flags,
+                         **bufs), local=True)
+        return self._norm_result(bufs, rows, hidden, x.dtype, flags)
 
     def per_token_quant_fp8(self, x: torch.Tensor):
         check_tensor("x", x)
@@ -244,13 +245,11 @@ class Collectives:
         path = dispatch.plan_fused_ar_rms(self.arch, self.world, rows, hidden, x.dtype,
                                           fp8_out, x.is_contiguous(), capacity=self.capacity)
         if path == "local":
-            result = self.add_rmsnorm(x, residual, weight, eps, gemma_norm, fp8_out,
-                                      bf16_mirror)
+            result = self._add_rmsnorm(x, residual, weight, eps, flags, rows, hidden, T)
         elif path in ("unfused", "fallback", "ll+rmsnorm"):
             xc = x.contiguous()
             ar = self._fallback_all_reduce(xc) if path == "fallback" else self.all_reduce(xc)
-            result = self.add_rmsnorm(ar, residual, weight, eps, gemma_norm, fp8_out,
-                                      bf16_mirror)
+            result = self._add_rmsnorm(ar, residual, weight, eps, flags, rows, hidden, T)
         else:
             result = self._fused(path, x, residual, weight, eps, flags, rows, hidden, T)
         self.last_path = path
