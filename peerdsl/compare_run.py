@@ -189,7 +189,7 @@ def run_both(args: argparse.Namespace, ref_cubin: str) -> int:
     sigs_d, sigs_r = [s.data_ptr() for s in sig_d], [s.data_ptr() for s in sig_r]
     xs = [t.data_ptr() for t in x]
     # the DSL kernel reads its peers' inputs from a device table (RegisteredPtrs)
-    inp_table = torch.tensor(xs + [0] * (layout.MAX_RANKS - W), dtype=torch.int64, device="cuda")
+    inp_table = torch.tensor(layout.peer_row(xs), dtype=torch.int64, device="cuda")
     # arguments packed once per rank: the timed loop only launches
     if args.op == "fused_ar_rms_1stage":
         res = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16)

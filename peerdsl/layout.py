@@ -15,6 +15,14 @@ STAGING_BYTES = 16 << 20
 LL_LINE_BYTES = 16          # {data0, flag, data1, flag}
 LL_DATA_PER_LINE = 8        # 2 data words per line
 
+
+def peer_row(addresses: list[int]) -> list[int]:
+    """One row of a RegisteredPtrs table: every rank's address, zero-padded to MAX_RANKS."""
+    if len(addresses) > MAX_RANKS:
+        raise ValueError(f"{len(addresses)} addresses exceed the {MAX_RANKS} a row holds")
+    return list(addresses) + [0] * (MAX_RANKS - len(addresses))
+
+
 # Signal words (i32 index). One slot array: barrier k of a launch writes epoch base+k, and
 # every wait compares with >=, so the values only grow whatever kernels share the Signal.
 SIG_SLOTS = 0                                   # [MAX_BLOCKS][MAX_RANKS]: epoch from peer

@@ -56,7 +56,7 @@ def test_simulated_ranks_read_peers_through_the_table():
         zeros = comm.to_device(torch.tensor([1, 1, 1, 0], dtype=torch.int32))
         tables = []
         for buf in (mine, zeros):
-            peers = comm.register(buf) + [0] * (layout.MAX_RANKS - comm.world)
+            peers = layout.peer_row(comm.register(buf))
             tables.append(comm.to_device(torch.tensor(peers, dtype=torch.int64)))
         out = comm.alloc((comm.world + 2,), torch.int32)
         comm.launch(gather_heads, {"W": comm.world}, 1,

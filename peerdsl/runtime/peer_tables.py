@@ -36,7 +36,7 @@ class PeerTables:
     def set_row(self, row: int, addresses: list[int]) -> None:
         if len(addresses) != self.world:
             raise ValueError(f"{len(addresses)} addresses for a world of {self.world}")
-        padded = list(addresses) + [0] * (layout.MAX_RANKS - self.world)
+        padded = layout.peer_row(addresses)
         self.tensor[row].copy_(torch.tensor(padded, dtype=torch.int64))
 
     def reserve(self, address: int, nbytes: int) -> int:

@@ -56,7 +56,7 @@ class SimCollectiveComm(SimCommunicator, Collectives):
         if self._pool is None or self._pool.nbytes < nbytes:
             self._pool = self.alloc((max(nbytes, 1 << 16),), torch.uint8, "input pool")
             self._pool_peers = self.register(self._pool)
-            table = self._pool_peers + [0] * (layout.MAX_RANKS - self.world)
+            table = layout.peer_row(self._pool_peers)
             self.copy_in(self._pool_table, torch.tensor(table, dtype=torch.int64))
         self.copy_in(self._pool, t.view(-1).view(torch.uint8))
         return self._pool_table.addr
