@@ -25,7 +25,7 @@ from ...dsl import ir
 from ..errors import SimError
 from . import numerics as nx
 from .ops_table import compile_pure
-from .memory import GlobalMemory
+from .memory import GlobalMemory, apply_atomic
 from .weak import BLOCK, DEVICE, MEMORY
 
 Code = tuple  # of (fn, kind)
@@ -349,23 +349,10 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
         c = None if cmp_slot is None else (r[cmp_slot] if m is None else r[cmp_slot][m])
         if shared:
             ctx.smem._bytes(_lanes(m, lanes), addrs, dt.itemsize, "atomic")  # bounds
-            old = _shared_atomic(ctx.smem.alloc, addrs, fn, v, dt, c)
+            old = apply_atomic(ctx.smem.alloc.view(dt), addrs // dt.itemsize, fn, v, c)
         else:
             old = ctx.mem.atomic(ctx, addrs, fn, v, dt, c)
             if acquires:
                 ctx.acq_time = ctx.sched.now
         r[o] = _scatter(m, old, lanes, dt, 0)
     return f_atomic, 2
-
-
-def _shared_atomic(smem, offs, fn, v, dt, c):
-    view = smem.view(dt)
-    old = np.empty(len(offs), dt)
-    for i, j in enumerate(offs // dt.itemsize):
-        cur = view[j:j + 1].copy()
-        old[i] = cur[0]
-        if c is None:
-            view[j] = fn(cur, v[i:i + 1])[0]
-        elif cur[0] == c[i]:
-            view[j] = v[i]
-    return old

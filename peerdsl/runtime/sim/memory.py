@@ -45,6 +45,25 @@ class Allocation:
         return v
 
 
+def apply_atomic(view: np.ndarray, idx: np.ndarray, fn: Callable[[np.ndarray, np.ndarray],
+                 np.ndarray], v: np.ndarray, c: np.ndarray | None) -> np.ndarray:
+    """Read-modify-write `view[idx]` for each lane; lanes on one element go in lane order.
+    `fn(old, v)` gives the new value, or with `c` a compare-swap. Returns the old values."""
+    if len(np.unique(idx)) == len(idx):
+        old = view[idx].copy()
+        view[idx] = fn(old, v) if c is None else np.where(old == c, v, old)
+        return old
+    old = np.empty(len(idx), view.dtype)
+    for i, j in enumerate(idx):
+        cur = view[j:j + 1].copy()
+        old[i] = cur[0]
+        if c is None:
+            view[j] = fn(cur, v[i:i + 1])[0]
+        elif cur[0] == c[i]:
+            view[j] = v[i]
+    return old
+
+
 def bytes_of(vals: np.ndarray, k: int) -> np.ndarray:
     return np.ascontiguousarray(vals).view(np.uint8).reshape(k, -1)
 

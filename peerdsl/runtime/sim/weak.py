@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SimMemoryFault
-from .memory import Allocation, GlobalMemory, bytes_of
+from .memory import Allocation, GlobalMemory, apply_atomic, bytes_of
 
 BLOCK, DEVICE, MEMORY = 0, 1, 2
 _PAGE_SHIFT = 12  # the write log is indexed by 4 KiB pages
@@ -300,18 +300,7 @@ class WeakMemory(GlobalMemory):
             idx = offs // size
             uniq = np.unique(idx)
             before = view[uniq].copy()
-            if len(uniq) == len(idx):
-                old = view[idx].copy()
-                view[idx] = fn(old, v) if c is None else np.where(old == c, v, old)
-            else:
-                old = np.empty(len(idx), dt)
-                for i, j in enumerate(idx):
-                    o = view[j:j + 1].copy()
-                    old[i] = o[0]
-                    if c is None:
-                        view[j] = fn(o, v[i:i + 1])[0]
-                    elif o[0] == c[i]:
-                        view[j] = v[i]
+            old = apply_atomic(view, idx, fn, v, c)
             after = view[uniq].copy()
             view[uniq] = before  # write again through the log
             self._write_logged(ctx, a, uniq * size, bytes_of(after, len(uniq)), None)
