@@ -207,26 +207,22 @@ class WeakMemory(GlobalMemory):
     def flush(self, ctx: Any, e: Entry) -> None:
         """The scheduler's delay for `e` expired: it lands in MEMORY (coherently)."""
         if e.state == BLOCK:
-            for p in ctx.pending:
-                if p is e:
-                    break
-                if p.state == BLOCK and p.overlaps(e.alloc, e.lo, e.hi):
-                    self._to_memory(p)
-            self._to_memory(e)
-            self._flushes += 1
-            if len(ctx.pending) > 32 and self._flushes % 16 == 0:
-                ctx.pending[:] = [p for p in ctx.pending if p.state == BLOCK]
+            self._land_through(ctx.pending, e, BLOCK, self._to_memory)
         elif e.state == DEVICE:
-            level = self.device_pending[e.dev]
-            for p in level:
-                if p is e:
-                    break
-                if p.state == DEVICE and p.overlaps(e.alloc, e.lo, e.hi):
-                    self._commit(p)
-            self._commit(e)
-            self._flushes += 1
-            if len(level) > 32 and self._flushes % 16 == 0:
-                level[:] = [p for p in level if p.state == DEVICE]
+            self._land_through(self.device_pending[e.dev], e, DEVICE, self._commit)
+
+    def _land_through(self, queue: list, e: Entry, state: int, land: Callable) -> None:
+        """Land `e` and, first, the older entries of its queue it overlaps (coherence: a
+        location's stores land in order); now and then drop landed entries from the queue."""
+        for p in queue:
+            if p is e:
+                break
+            if p.state == state and p.overlaps(e.alloc, e.lo, e.hi):
+                land(p)
+        land(e)
+        self._flushes += 1
+        if len(queue) > 32 and self._flushes % 16 == 0:
+            queue[:] = [p for p in queue if p.state == state]
 
     def _to_memory(self, e: Entry) -> None:
         for p in self.device_pending.get(e.dev, ()):  # older at the device level
