@@ -273,7 +273,7 @@ def test_collective_launches_are_clamped_to_the_resident_cap_and_local_ones_are_
         comm, monkeypatch):
     monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
     monkeypatch.setattr(cm.Communicator, "_resident_cap", lambda self, k: 5)
-    comm._caps.clear()
+    comm._kernels.clear()
     x = torch.randn(64, 6144).to(torch.bfloat16)
     w = torch.ones(6144, dtype=torch.bfloat16)
     comm.fused_allreduce_rmsnorm(x, x, w)

@@ -86,7 +86,6 @@ class Communicator(GraphCapture, Collectives):
         self._sharing = self._ranks_on_this_gpu(props)
         self.max_grid = max(1, min(layout.MAX_BLOCKS, max_grid or (
             self._sms * (2 if self._sharing == 1 else 1) // self._sharing)))
-        self._caps: dict[tuple, int] = {}
         self.meta_layout = layout.MetaLayout(self.world, ll_max_bytes, staging_bytes)
         self.max_size = self.pool_bytes = max_size
         self.check_each_call = check_errors
@@ -99,6 +98,8 @@ class Communicator(GraphCapture, Collectives):
         self.peer_bases = self._share_vmm(total) if allocator == "vmm" else self._share_ipc(total)
         self._pool = self._buffer[self.meta_layout.total_bytes:]
         self._pool_views: dict[tuple, torch.Tensor] = {}
+        at = layout.SIG_ERROR * 4  # a view made once: slicing costs more than the read
+        self._error_flag = self._buffer[at:at + 4].view(torch.int32)
         # 64 bytes per captured call: 16384 rows cover ~67 graph sizes x 2 calls x 120 layers
         self.tables = PeerTables(max_graph_buffers + 1, self.world, self.rank, self.device)
         self.tables.set_row(0, self.pool_peers)
@@ -243,26 +244,18 @@ class Communicator(GraphCapture, Collectives):
             hit = self._kernels.get(key)
         if hit is None:
             kernel = self.loader.kernel(name, **constexprs)
-            # Collectives checked every input: the trusted launch skips the per-tensor checks
+            # Collectives checked every input: the trusted launch skips the per-tensor checks;
+            # a collective kernel's grid is capped so every rank's blocks are resident at once
             hit = self._kernels[key] = (kernel, getattr(kernel, "launch_trusted", None)
-                                        or functools.partial(kernel.launch, trusted=True))
+                                        or functools.partial(kernel.launch, trusted=True),
+                                        None if local else self._resident_cap(kernel))
         if not local:
-            cap = self._caps.get(key)
-            if cap is None:
-                cap = self._caps[key] = self._resident_cap(hit[0])
-            grid = min(grid, cap)
+            grid = min(grid, hit[2])
         hit[1](grid, args)
         if self.check_each_call and not local and not (self._capturing
                                                         and self._stream_capturing()):
-            # The flag word alone says whether a spin expired; check_errors decodes the
-            # record only then. Its view is made once (slicing costs more than the read) and
-            # kept with the buffer it views, so a closed communicator never reads through it.
-            buf, flag = self.__dict__.get("_error_flag") or (None, None)
-            if buf is not self._buffer or buf is None:
-                at = layout.SIG_ERROR * 4
-                buf, flag = self._buffer, self._buffer[at:at + 4].view(torch.int32)
-                self.__dict__["_error_flag"] = (buf, flag)
-            if flag.item():  # synchronizes, as the full read did
+            # the flag word alone says whether a spin expired; check_errors decodes the record
+            if self._error_flag.item():  # synchronizes, as the full read did
                 self.check_errors(name)
 
     def _resident_cap(self, kernel: Any) -> int:
@@ -321,7 +314,7 @@ class Communicator(GraphCapture, Collectives):
                 ipc_close(addr)
         self._drop_graph_buffers()
         self._opened = []
-        self._buffer = self._pool = None  # type: ignore[assignment]
+        self._buffer = self._pool = self._error_flag = None  # type: ignore[assignment]
         self._pool_views = {}
         if self.allocator == "vmm":
             vmm.vmm_free(self._vmm_own)
