@@ -23,6 +23,7 @@ class _State:
         self.constexprs: dict[str, Any] = {}
         self.signals: list[Any] = []  # Signals made by the kernel: each must be finished
         self.entry_ops = 0  # ops spliced at the top of the kernel body (emit_at_entry)
+        self.own_ranks: set[int] = set()  # ids of values holding this rank (values.is_own_rank)
 
 
 _state: _State | None = None

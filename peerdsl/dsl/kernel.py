@@ -10,7 +10,7 @@ from . import ir
 from .builder import TraceError, emit, emit_at_entry, tracing
 from .transform import traceable
 from .memory import load
-from .values import Pointer, Scalar, as_scalar
+from .values import Pointer, Scalar, as_scalar, declare_own_rank, is_own_rank
 
 MAX_PEERS = 8
 _TRACE_LOCK = threading.RLock()  # the trace state is global: one trace at a time (sim ranks are threads)
@@ -68,7 +68,11 @@ def _normalize_constexpr(v: Any) -> Any:
 
 
 class PeerTable:
-    """Peer pointers of one buffer; index with a rank (constant or traced)."""
+    """Peer pointers of one buffer; index with a rank (constant or traced).
+
+    An entry is this rank's own memory only when indexed with the kernel's `rank` parameter
+    (or a Signal's rank); any other index gives a `peer` pointer (possibly remote).
+    """
 
     def __init__(self, ptrs: list[Pointer]):
         self.ptrs = ptrs
@@ -80,10 +84,11 @@ class PeerTable:
         if isinstance(rank, int):
             if not 0 <= rank < len(self.ptrs):
                 raise TraceError(f"peer index {rank} out of range [0, {len(self.ptrs)})")
-            return self.ptrs[rank]
+            return Pointer(self.ptrs[rank].v, peer=True)
         rank = as_scalar(rank)
         t = self.ptrs[0].type
-        return Pointer(emit("ptr_select", [rank.v] + [p.v for p in self.ptrs], [t]).result)
+        return Pointer(emit("ptr_select", [rank.v] + [p.v for p in self.ptrs], [t]).result,
+                       peer=not is_own_rank(rank))
 
 
 class RegisteredTable(PeerTable):
@@ -94,9 +99,9 @@ class RegisteredTable(PeerTable):
         super().__init__([None] * MAX_PEERS)  # type: ignore[list-item]
         self.table, self.ptype = table, ptype
 
-    def _entry(self, index: Any) -> Pointer:
+    def _entry(self, index: Any, peer: bool = True) -> Pointer:
         addr = load(self.table + index)
-        return Pointer(emit("int_to_ptr", [addr.v], [self.ptype]).result)
+        return Pointer(emit("int_to_ptr", [addr.v], [self.ptype]).result, peer)
 
     def __getitem__(self, rank: Any) -> Pointer:
         if isinstance(rank, int):
@@ -105,7 +110,8 @@ class RegisteredTable(PeerTable):
             if self.ptrs[rank] is None:
                 self.ptrs[rank] = emit_at_entry(lambda: self._entry(rank))
             return self.ptrs[rank]
-        return self._entry(as_scalar(rank))
+        rank = as_scalar(rank)
+        return self._entry(rank, peer=not is_own_rank(rank))
 
 
 class Kernel:
@@ -197,6 +203,7 @@ class Kernel:
         body.args = [p.value for p in params]
         with tracing(block_size, constexprs) as st:
             st.blocks.append(body)
+            declare_own_rank(call_args.get("rank"))  # table[rank] is this rank's own memory
             traceable(self.fn)(**call_args)
             shared = st.shared
             if any(not sig.finished for sig in st.signals):

@@ -1,7 +1,9 @@
 """Memory operations. Every access that another agent may observe names a scope and an order.
 
 A load or store without a scope is a plain (non-atomic) access, free for the compiler to
-reorder within the rules of the target memory model. With a scope it is a single-copy-atomic
+reorder within the rules of the target memory model. A store through a peer pointer (from a
+peer table, indexed with anything but this rank's own `rank`) must name a scope: a plain
+store into another rank's memory is refused at trace time. Atomics always name one. With a scope it is a single-copy-atomic
 access at that scope: scalar loads and stores become atomic with the given order; a 16-byte
 pack with a scope is a relaxed volatile access of one instruction (targets have no atomic
 vector accesses; the LL protocol relies only on the 16 bytes landing together, which every
@@ -50,9 +52,22 @@ def load(p: Pointer, scope: str | None = None, order: str | None = None,
     return wrap(emit("load", [p.v], [p.elem], **attrs).result)
 
 
+def _needs_scope(scope: str | None, what: str) -> None:
+    if scope is None:
+        raise TraceError(f"{user_location()}: {what} needs a scope (one of {ir.SCOPES}) and an "
+                         "order")
+
+
 def store(p: Pointer, value: Any, scope: str | None = None, order: str | None = None,
           nontemporal: bool = False) -> None:
     scope, order = _check(p, scope, order, _STORE_ORDERS, "store")
+    if scope is None and p.peer:
+        raise TraceError(
+            f"{user_location()}: plain store through a peer pointer (a peer-table entry not "
+            "indexed with this rank's `rank`: possibly another rank's memory). Name a scope and "
+            "an order, e.g. dsl.store(p, v, \"system\", \"relaxed\"), and publish it with a "
+            "release (a Signal barrier); for this rank's own buffer index the table with the "
+            "kernel's `rank` parameter")
     if isinstance(p.elem, ir.VectorType):
         if not isinstance(value, Vector) or value.type != p.elem:
             raise TraceError(f"{user_location()}: storing {getattr(value, 'type', value)!r} "
@@ -68,6 +83,7 @@ def store(p: Pointer, value: Any, scope: str | None = None, order: str | None = 
 def atomic(kind: str, p: Pointer, value: Any, scope: str, order: str = "relaxed") -> Scalar:
     if kind not in _ATOMIC_KINDS:
         raise TraceError(f"{user_location()}: atomic kind {kind!r} is not one of {_ATOMIC_KINDS}")
+    _needs_scope(scope, f"atomic {kind}")
     scope, order = _check(p, scope, order, ir.ORDERS, f"atomic {kind}")
     if p.elem not in (ir.i32, ir.i64) and not (kind == "add" and p.elem is ir.f32):
         raise TraceError(f"{user_location()}: atomic {kind} on {p.elem} is not supported")
@@ -83,6 +99,7 @@ def atomic_xchg(p, v, scope, order="relaxed"): return atomic("xchg", p, v, scope
 
 def atomic_cas(p: Pointer, expected: Any, desired: Any, scope: str,
                order: str = "acq_rel") -> Scalar:
+    _needs_scope(scope, "compare-swap")
     scope, order = _check(p, scope, order, ir.ORDERS, "compare-swap")
     if p.elem not in (ir.i32, ir.i64):
         raise TraceError(f"{user_location()}: compare-swap on {p.elem} is not supported")

@@ -14,7 +14,7 @@ from .builder import TraceError, state, user_location
 from .intrinsics import block_id, select, thread_id
 from .kernel import PeerTable
 from .memory import atomic_cas, barrier, load, store
-from .values import Pointer, Scalar, as_scalar
+from .values import Pointer, Scalar, as_scalar, declare_own_rank
 
 
 def record_error(sig: Pointer, rank: Any, what: int, expected: Any, seen: Any) -> None:
@@ -67,6 +67,7 @@ class Signal:
             raise ValueError(f"world size {world!r} must be a constant in [1, {layout.MAX_RANKS}]")
         self.peers = sig
         self.rank = as_scalar(rank)
+        declare_own_rank(self.rank)  # sig[rank] and friends are this rank's own memory
         self.world = world
         self.self_sig = sig[self.rank]
         self.block = block_id()

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import ir
-from .builder import TraceError, emit, user_location
+from .builder import TraceError, emit, state, user_location
 
 
 _FLOAT_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.float32}
@@ -225,8 +225,17 @@ def pack(elements: Sequence[Any], elem: ir.ScalarType) -> Vector:
 
 
 class Pointer(Traced):
-    """A typed global or shared pointer. `p + i` and `p[i]` count elements."""
-    __slots__ = ()
+    """A typed global or shared pointer. `p + i` and `p[i]` count elements.
+
+    `peer` marks a pointer taken from a peer table with an index that is not this rank's
+    own (so possibly another rank's memory); it follows pointer arithmetic and casts, and
+    `dsl.store` refuses a plain (unscoped) store through it.
+    """
+    __slots__ = ("peer",)
+
+    def __init__(self, v: ir.Value, peer: bool = False):
+        super().__init__(v)
+        self.peer = peer
 
     @property
     def elem(self):
@@ -236,12 +245,13 @@ class Pointer(Traced):
         idx = as_scalar(idx)
         if idx.type not in (ir.i32, ir.i64):
             raise TraceError(f"{user_location()}: pointer offset must be i32 or i64, got {idx.type}")
-        return Pointer(emit("ptr_offset", [self.v, idx.v], [self.type]).result)
+        return Pointer(emit("ptr_offset", [self.v, idx.v], [self.type]).result, self.peer)
 
     __radd__ = __add__
 
     def cast(self, elem) -> "Pointer":
-        return Pointer(emit("ptr_cast", [self.v], [ir.PtrType(elem, self.type.space)]).result)
+        return Pointer(emit("ptr_cast", [self.v], [ir.PtrType(elem, self.type.space)]).result,
+                       self.peer)
 
     def __getitem__(self, idx) -> Any:
         from .memory import load
@@ -250,3 +260,14 @@ class Pointer(Traced):
     def __setitem__(self, idx, value) -> None:
         from .memory import store
         store(self + idx, value)
+
+
+def declare_own_rank(rank: Any) -> None:
+    """Record that the traced value `rank` is this rank's index: a peer table indexed with it
+    gives this rank's own memory (the kernel's `rank` parameter, a Signal's rank)."""
+    if isinstance(rank, Scalar):
+        state().own_ranks.add(rank.v.id)
+
+
+def is_own_rank(rank: Any) -> bool:
+    return isinstance(rank, Scalar) and rank.v.id in state().own_ranks

@@ -6,7 +6,6 @@ argument tables and output shapes. Inputs are checked before any kernel runs.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -21,22 +20,51 @@ FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 ALIGN = 16
 
 
-@dataclasses.dataclass
-class NormResult:
-    """What the norm entry points return; unpacks like a tuple (see `__iter__`)."""
+class NormResult(tuple):
+    """What the norm entry points return: a tuple, as aiter's API returns, with named fields.
+
+    Without FP8 it is `(out, residual_out)`; with FP8 `(q, residual_out, scale)`, plus
+    `mirror` (the T output) when it was asked for. Indexing, len and unpacking all see those
+    items; `.out .residual_out .q .scale .mirror` name them (None where absent) and `_fields`
+    lists the names of the items in order, like a NamedTuple's.
+    """
     out: torch.Tensor | None          # T output (None with FP8 and no mirror)
     residual_out: torch.Tensor | None
-    q: torch.Tensor | None = None     # FP8 output
-    scale: torch.Tensor | None = None
-    mirror: torch.Tensor | None = None
+    q: torch.Tensor | None            # FP8 output
+    scale: torch.Tensor | None
+    mirror: torch.Tensor | None
 
-    def __iter__(self):
-        if self.q is None:
-            return iter((self.out, self.residual_out))
-        items = [self.q, self.residual_out, self.scale]
-        if self.mirror is not None:
-            items.append(self.mirror)
-        return iter(items)
+    def __new__(cls, out: torch.Tensor | None, residual_out: torch.Tensor | None,
+                q: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                mirror: torch.Tensor | None = None) -> "NormResult":
+        if q is None:
+            fields = ("out", "residual_out")
+        else:
+            fields = ("q", "residual_out", "scale") + (("mirror",) if mirror is not None else ())
+        named = {"out": out, "residual_out": residual_out, "q": q, "scale": scale,
+                 "mirror": mirror}
+        self = super().__new__(cls, tuple(named[f] for f in fields))
+        self.__dict__.update(named, _fields=fields)
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"NormResult is immutable (a tuple); cannot set {name!r}")
+
+    def __getnewargs__(self) -> tuple:  # pickling/copy rebuild from the named fields
+        return (self.out, self.residual_out, self.q, self.scale, self.mirror)
+
+    def _asdict(self) -> dict[str, torch.Tensor | None]:
+        return dict(zip(self._fields, self))
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{f}={_short(v)}" for f, v in zip(self._fields, self))
+        return f"NormResult({items})"
+
+
+def _short(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"tensor(shape={tuple(t.shape)}, dtype={t.dtype})"
+    return repr(t)
 
 
 def check_tensor(name: str, t: Any, dtype: torch.dtype | None = None,
@@ -195,15 +223,13 @@ class Collectives:
 
     def _norm_result(self, bufs, rows, hidden, dtype, flags) -> NormResult:
         shape = (rows, hidden)
-        res = NormResult(None, self._get(bufs["residual_out"], shape, dtype))
-        if flags & FLAG_FP8:
-            res.q = self._get(bufs["q"], shape, torch.int8).view(FP8_DTYPES[self.fp8_format])
-            res.scale = self._get(bufs["scale"], (rows, 1), torch.float32)
-            if flags & FLAG_MIRROR:
-                res.mirror = self._get(bufs["out"], shape, dtype)
-        else:
-            res.out = self._get(bufs["out"], shape, dtype)
-        return res
+        residual_out = self._get(bufs["residual_out"], shape, dtype)
+        if not flags & FLAG_FP8:
+            return NormResult(self._get(bufs["out"], shape, dtype), residual_out)
+        q = self._get(bufs["q"], shape, torch.int8).view(FP8_DTYPES[self.fp8_format])
+        scale = self._get(bufs["scale"], (rows, 1), torch.float32)
+        mirror = self._get(bufs["out"], shape, dtype) if flags & FLAG_MIRROR else None
+        return NormResult(None, residual_out, q, scale, mirror)
 
     def add_rmsnorm(self, x, residual, weight, eps: float = 1e-6, gemma_norm: bool = False,
                     fp8_out: bool = False, bf16_mirror: bool = False) -> NormResult:
