@@ -40,7 +40,14 @@ def test_manifest_format(tmp_path, cache_dir, arch):
     for name, k in doc["kernels"].items():
         assert set(k) == {"op", "symbol", "file", "sha256", "isa_file", "constexprs",
                           "block_size", "lds_bytes", "args", "kernarg_size", "resources",
-                          "cache_key"}
+                          "cache_key", "provenance"}
+        prov = k["provenance"]
+        assert set(prov) == {"module", "source", "source_sha256", "compiler"}
+        assert prov["module"] == f"peerdsl.ops.{k['op']}"
+        assert prov["source"] == f"peerdsl/ops/{k['op']}.py"
+        src = os.path.join(os.path.dirname(os.path.dirname(__file__)), prov["source"])
+        assert prov["source_sha256"] == hashlib.sha256(open(src, "rb").read()).hexdigest()
+        assert prov["compiler"] == doc["compiler"]
         assert k["symbol"] == name and k["file"] == f"{name}.{ext}"
         assert k["isa_file"] == f"{name}{isa_ext}" and (out / arch / k["isa_file"]).is_file()
         data = (out / arch / k["file"]).read_bytes()
@@ -146,7 +153,10 @@ def test_cli_build(tmp_path, cache_dir, capsys):
     assert rc == 0
     assert cli.main(["build", "--arch", "gfx1"]) == 2
     assert "supported: gfx1250" in capsys.readouterr().err
-    assert cli.main(["build", "--arch", "sm_90", "--ops", "nope", "-o", str(tmp_path)]) == 1
+    assert cli.main(["build", "--arch", "sm_90", "--ops", "nope", "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown ops ['nope']" in err and "vector_add" in err and "nothing was written" in err
+    assert not (tmp_path / "sm_90").exists()
 
 
 def test_cli_help_lists_subcommands(capsys):
