@@ -62,11 +62,12 @@ def compile_cached(op: str, kernel: Kernel, constexprs: dict[str, Any], target: 
         if use_cache:
             cache.put(key, code, isa, meta)
         cached = False
+    from ..runtime.launch_args import annotate_args  # roles + alignment the launch checks
     entry = {
         "op": op, "symbol": instance, "file": f"{instance}.{t.code_object_ext}",
         "sha256": hashlib.sha256(code).hexdigest(), "isa_file": f"{instance}{t.isa_ext}",
         "constexprs": jsonable(constexprs), "block_size": traced.block_size,
-        "lds_bytes": meta["lds_bytes"], "args": meta["args"],
+        "lds_bytes": meta["lds_bytes"], "args": annotate_args(meta["args"], kernel, traced),
         "kernarg_size": meta["kernarg_size"], "resources": meta["resources"], "cache_key": key}
     return KernelBuild(instance, entry, code, isa, cached, time.perf_counter() - t0)
 
