@@ -64,6 +64,19 @@ def two_registered(a: RegisteredPtrs[dsl.f32], b: RegisteredPtrs[dsl.f32], out: 
     signal.end()
 
 
+@dsl.kernel(block_size=BLOCK)
+def ring_put(mine: Ptr[dsl.f32], dst: PeerPtrs[dsl.f32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
+             W: constexpr):
+    """Writes word 0 of its own buffer through a Ptr and word 1 of the next rank's through
+    PeerPtrs: both must land in the one buffer."""
+    signal = dsl.Signal(sig, rank, W)
+    signal.start()
+    if dsl.thread_id() == 0:
+        mine[0] = (rank + 1).to_f32()
+        dsl.store(dst[(rank + 1) % W] + 1, (rank + 10).to_f32(), "system", "relaxed")
+    signal.end()
+
+
 register("test_user_allreduce_scale", allreduce_scale, lambda target: [])
 
 
@@ -156,6 +169,36 @@ def test_two_registered_inputs_one_staged_the_other_registered():
     out0, out1 = peerdsl.sim.run(2, fn, seed=4)
     assert torch.equal(out0, torch.arange(64.0) + 100 + 1.5)
     assert torch.equal(out1, torch.arange(64.0) + 0.5)
+
+
+def test_peer_buffer_tensors_stay_in_step_with_the_device():
+    """What the user writes into a registered tensor between launches is what the next
+    launch reads; a PeerBuffer's tensor passed for a Ptr is its device memory, so the
+    rank's own writes and its peers' land in the same place."""
+    def fn(comm):
+        x = inputs(comm.rank)
+        inp = comm.register(x)
+        out = comm.peer_buffer((ROWS, H), torch.bfloat16)
+        comm.launch(allreduce_scale, grid=2, constexprs={"T": "bf16", "W": 2}, inp=inp,
+                    out=out.tensor, sig=comm.signal, rank=comm.rank, n_packs=PACKS, scale=1.0)
+        first = out.tensor.clone()
+        x.mul_(2)  # in place, on the host: the next launch reads it
+        comm.launch(allreduce_scale, grid=2, constexprs={"T": "bf16", "W": 2}, inp=inp,
+                    out=out, sig=comm.signal, rank=comm.rank, n_packs=PACKS, scale=0.25)
+        return first, out.tensor
+
+    for first, second in peerdsl.sim.run(2, fn, seed=9):
+        assert torch.equal(first.view(torch.int16), reference(2, 1.0).view(torch.int16))
+        assert torch.equal(second.view(torch.int16), reference(2, 0.5).view(torch.int16))
+
+    def ring(comm):
+        buf = comm.peer_buffer(4, torch.float32)
+        comm.launch(ring_put, grid=1, constexprs={"W": 3}, mine=buf.tensor, dst=buf,
+                    sig=comm.signal, rank=comm.rank)
+        return buf.tensor
+
+    for r, got in enumerate(peerdsl.sim.run(3, ring, seed=5)):
+        assert got.tolist() == [r + 1, 10 + (r - 1) % 3, 0, 0]
 
 
 def test_kernel_without_peers_runs_on_each_rank_alone():

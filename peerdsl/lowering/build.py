@@ -62,7 +62,7 @@ def compile_cached(op: str, kernel: Kernel, constexprs: dict[str, Any], target: 
         if use_cache:
             cache.put(key, code, isa, meta)
         cached = False
-    from ..runtime.launch_args import annotate_args  # roles + alignment the launch checks
+    from ..runtime.kernel_signature import annotate_args  # what the launch checks read
     entry = {
         "op": op, "symbol": instance, "file": f"{instance}.{t.code_object_ext}",
         "sha256": hashlib.sha256(code).hexdigest(), "isa_file": f"{instance}{t.isa_ext}",
