@@ -2,11 +2,11 @@
 
     import peerdsl.sim
     def fn(comm):                      # comm: peerdsl.runtime.sim.comm.SimCommunicator
-        x = comm.to_device(torch.randn(64, 6144, dtype=torch.bfloat16))
-        ptrs = comm.register(x)        # every rank's address of its x
-        comm.launch(my_kernel, {"world": comm.world}, grid=4,
-                    args={"sig": comm.peer_signals, "rank": comm.rank, "inp": ptrs, ...})
-        return comm.to_torch(x)
+        x = comm.register(torch.randn(64, 6144, dtype=torch.bfloat16))  # every rank's x
+        out = torch.empty(64, 6144, dtype=torch.bfloat16)
+        comm.launch(my_kernel, grid=4, constexprs={"T": "bf16", "W": comm.world},
+                    inp=x, out=out, sig=comm.signal, rank=comm.rank, n_packs=64 * 6144 // 8)
+        return out                     # the results were copied back into it
     results = peerdsl.sim.run(4, fn, seed=7)   # list of fn's return values, by rank
 
 `seed=None` schedules round-robin (deterministic, mildly weak); an int seeds the random

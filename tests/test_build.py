@@ -53,8 +53,9 @@ def test_manifest_format(tmp_path, cache_dir, arch):
         data = (out / arch / k["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == k["sha256"]
         assert set(k["resources"]) >= (AMD_RES if arch.startswith("gfx") else NV_RES)
-        for a in k["args"]:
-            assert set(a) == {"name", "type", "offset", "size"}
+        for a in k["args"]:  # the layout, and what the launch checks read (launch_args.py)
+            assert {"name", "type", "offset", "size", "role"} <= set(a) <= {
+                "name", "type", "offset", "size", "role", "param", "align", "elem"}
         assert k["kernarg_size"] >= k["args"][-1]["offset"] + k["args"][-1]["size"]
     vadd = [k for k in doc["kernels"].values() if k["op"] == "vector_add"]
     assert sorted(k["constexprs"]["T"] for k in vadd) == ["bf16", "f16"]  # dtypes by name
@@ -63,6 +64,8 @@ def test_manifest_format(tmp_path, cache_dir, arch):
     probe = [k for k in doc["kernels"].values() if k["op"] == "barrier_probe"][0]
     names = [a["name"] for a in probe["args"]]
     assert names[:8] == [f"sig_{i}" for i in range(8)]  # peer tables: 8 consecutive pointers
+    assert {(a["role"], a["param"], a["align"]) for a in probe["args"][:8]} == {
+        ("peer_ptrs", "sig", 4)}
     assert probe["block_size"] == 64
 
 

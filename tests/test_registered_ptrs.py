@@ -59,7 +59,7 @@ def test_simulated_ranks_read_peers_through_the_table():
             peers = layout.peer_row(comm.register(buf))
             tables.append(comm.to_device(torch.tensor(peers, dtype=torch.int64)))
         out = comm.alloc((comm.world + 2,), torch.int32)
-        comm.launch(gather_heads, {"W": comm.world}, 1,
+        comm.launch_ir(gather_heads, {"W": comm.world}, 1,
                     {"inp": tables[0].addr, "other": tables[1].addr, "out": out})
         return comm.to_torch(out).tolist()
     for got in peerdsl.sim.run(2, fn, seed=3):

@@ -17,7 +17,7 @@ import torch
 
 from peerdsl import layout
 from peerdsl.runtime import cuda as pcuda
-from peerdsl.runtime import kernarg
+from peerdsl.runtime import kernarg, packplan
 from peerdsl.runtime.manifest import load_manifest
 from test_runtime_loader_cuda import FakeDriver
 from test_runtime_loader_helpers import fake_elf, kernel_entry, write_manifest
@@ -123,8 +123,8 @@ def proof(monkeypatch):
     mod.DEVICE = "cpu"
     mod.RESULTS.clear()
     # CPU tensors pass as "device" buffers here only: the real check refuses them.
-    real = kernarg._pointer_value
-    monkeypatch.setattr(kernarg, "_pointer_value", lambda name, t, v, dev: real(
+    real = packplan._pointer_value
+    monkeypatch.setattr(packplan, "_pointer_value", lambda name, t, v, dev: real(
         name, t, v.data_ptr() if isinstance(v, torch.Tensor) else v, dev))
     streams = iter(range(0x100, 0x10000))
     cuda_ns = types.SimpleNamespace(

@@ -49,7 +49,7 @@ def staged_program(sequence: list[tuple], npacks: int = 48):
             stage_barrier = rest[0] if rest else True
             x = torch.randn(npacks * 8, generator=gen).to(dtype)
             xb, out = comm.to_device(x), comm.alloc((npacks * 8,), dtype)
-            comm.launch(ar_staged, dict(T=T, world=comm.world, start_barrier=start_barrier,
+            comm.launch_ir(ar_staged, dict(T=T, world=comm.world, start_barrier=start_barrier,
                                         own_counter=own, stage_barrier=stage_barrier), 2,
                         dict(sig=comm.peer_signals, stage=stage, inp=xb, out=out, ctr=ctr,
                              rank=comm.rank, npacks=npacks))
@@ -111,7 +111,7 @@ def flag_program(release: bool, launches: int = 3, n: int = 96, acquire: bool = 
         dp, fp = comm.register(data), comm.register(flag)
         ok = True
         for epoch in range(1, launches + 1):
-            comm.launch(flag_publish, dict(release=release, acquire=acquire, scope=scope), 1,
+            comm.launch_ir(flag_publish, dict(release=release, acquire=acquire, scope=scope), 1,
                         dict(data=dp, flag=fp, sig=comm.peer_signals, out=out,
                              rank=comm.rank, n=n, epoch=epoch))
             if comm.rank == 1:
@@ -178,7 +178,7 @@ def ll_program(shared_epoch: bool, nlines: int = 64):
         for grid in LL_GRIDS:
             x = torch.randint(-1000, 1000, (2 * nlines,), generator=gen, dtype=torch.int32)
             xb, out = comm.to_device(x), comm.alloc((2 * nlines,), torch.int32)
-            comm.launch(ll_allreduce, dict(world=comm.world, shared_epoch=shared_epoch), grid,
+            comm.launch_ir(ll_allreduce, dict(world=comm.world, shared_epoch=shared_epoch), grid,
                         dict(sig=comm.peer_signals, ll=ll, inp=xb, out=out, rank=comm.rank,
                              nlines=nlines))
             ref = sum(comm.exchange(x))
@@ -213,7 +213,7 @@ def test_a_seed_reproduces_the_same_interleaving():
         x = torch.randn(48 * 8, generator=gen).to(torch.bfloat16)
         xb, out = comm.to_device(x), comm.alloc((48 * 8,), torch.bfloat16)
         for _ in range(2):
-            comm.launch(ar_staged, dict(T=dsl.bf16, world=comm.world, start_barrier=False), 2,
+            comm.launch_ir(ar_staged, dict(T=dsl.bf16, world=comm.world, start_barrier=False), 2,
                         dict(sig=comm.peer_signals, stage=stage, inp=xb, out=out, ctr=out,
                              rank=comm.rank, npacks=48))
         return comm.to_torch(out)

@@ -72,7 +72,7 @@ def test_missing_peer_times_out_with_its_record():
 def test_skew_delays_a_rank_past_the_spin_limit():
     def fn(comm):
         comm.set_spin_limit(50)
-        comm.launch(k_signal, dict(world=2), 2, dict(sig=comm.peer_signals, rank=comm.rank))
+        comm.launch_ir(k_signal, dict(world=2), 2, dict(sig=comm.peer_signals, rank=comm.rank))
     peerdsl.sim.run(2, fn, seed=0, skew=[0, 0])  # fine without skew
     with pytest.raises(CollectiveTimeout) as info:
         peerdsl.sim.run(2, fn, seed=0, skew=[0, 5000])
@@ -138,12 +138,12 @@ def test_round_robin_skew_callable_per_launch_delay_and_comm_cls():
 
     def fn(comm):
         for i in range(3):
-            comm.launch(k_signal, dict(world=2), 2, dict(sig=comm.peer_signals, rank=comm.rank),
+            comm.launch_ir(k_signal, dict(world=2), 2, dict(sig=comm.peer_signals, rank=comm.rank),
                         delay=100 * comm.rank * i)
         comm.set_spin_limit(30)
         comm.delay = 4000 * comm.rank  # sticky: rank 1 arrives too late for rank 0's spin
         with pytest.raises(CollectiveTimeout) if comm.rank == 0 else _nothing():
-            comm.launch(k_signal, dict(world=2), 1, dict(sig=comm.peer_signals, rank=comm.rank))
+            comm.launch_ir(k_signal, dict(world=2), 1, dict(sig=comm.peer_signals, rank=comm.rank))
         return comm.hello()
     assert peerdsl.sim.run(2, fn, skew=skew, comm_cls=MyComm) == ["rank 0", "rank 1"]
     assert seen == [0, 1, 2, 3]
@@ -154,7 +154,7 @@ def test_mismatched_collective_calls_are_an_error():
         if comm.rank == 0:
             comm.barrier()
         else:
-            comm.launch(k_signal, dict(world=2), 1, dict(sig=comm.peer_signals, rank=1))
+            comm.launch_ir(k_signal, dict(world=2), 1, dict(sig=comm.peer_signals, rank=1))
     with pytest.raises(Exception, match="different collective calls"):
         peerdsl.sim.run(2, fn)
 

@@ -147,11 +147,12 @@ def compile_cached(op: str, kernel: Kernel, constexprs: dict[str, Any], target: 
         cached = False
     resources = {**meta["resources"], **derived_resources(t, meta["resources"],
                                                           traced.block_size, meta["lds_bytes"])}
+    from ..runtime.kernel_signature import annotate_args  # what the launch checks read
     entry = {
         "op": op, "symbol": instance, "file": f"{instance}.{t.code_object_ext}",
         "sha256": hashlib.sha256(code).hexdigest(), "isa_file": f"{instance}{t.isa_ext}",
         "constexprs": jsonable(constexprs), "block_size": traced.block_size,
-        "lds_bytes": meta["lds_bytes"], "args": meta["args"],
+        "lds_bytes": meta["lds_bytes"], "args": annotate_args(meta["args"], kernel, traced),
         "kernarg_size": meta["kernarg_size"], "resources": resources, "cache_key": key,
         "provenance": provenance(kernel)}
     return KernelBuild(instance, entry, code, isa, cached, time.perf_counter() - t0)

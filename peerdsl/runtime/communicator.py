@@ -28,7 +28,9 @@ from .. import layout
 from .collectives import Collectives
 from .graph_capture import GraphCapture
 from .errors import CollectiveTimeout
+from .peer_buffers import PeerBuffers
 from .peer_tables import PeerTables
+from .user_launch import UserLaunch
 
 MiB = 1 << 20
 SPIN_ITERATIONS_PER_SECOND = 2_000_000  # a system-scope poll takes >= 0.5 us on every target
@@ -49,8 +51,9 @@ def _arch_of(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-class Communicator(GraphCapture, Collectives):
-    """One rank's communicator; every rank of `group` constructs it together."""
+class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
+    """One rank's communicator; every rank of `group` constructs it together. User kernels:
+    `launch`, `register`, `peer_buffer`, `signal` (user_launch.py, peer_buffers.py)."""
 
     def __init__(self, group: Any = None, device: Any = None, max_size: int = 64 * MiB,
                  build_dir: str | None = None, timeout_s: float = 5.0,
@@ -304,6 +307,7 @@ class Communicator(GraphCapture, Collectives):
         """Release peer mappings and this rank's memory (collective)."""
         torch.cuda.synchronize(self.device)
         self._dist.barrier(group=self.group)  # no peer reads this rank's memory any more
+        self._release_peer_buffers()
         if self.allocator == "vmm":
             from .cuda import vmm
             for mapped in self._opened:

@@ -1,22 +1,21 @@
-"""Kernel-argument packing: the exact bytes a kernel reads, built from the manifest's layout.
-
-Pure Python + struct (torch only when a tensor is passed). One packed buffer is the single
-source of truth for every backend: HIP passes it whole (HIP_LAUNCH_PARAM_BUFFER_POINTER),
-CUDA passes it whole or as per-argument pointers into it, and the tests read it back.
+"""Kernel-argument layouts: the types, offsets and peer tables a manifest records, and the
+host buffers the CUDA and HIP loaders launch from. Packing values into these layouts has one
+implementation, `packplan.PackPlan` (the checked and the trusted path both).
 
 Argument types (as the lowering writes them): scalars `i32`, `i64`, `f32`; pointers
 `ptr<ELEM,SPACE>` with ELEM a scalar (`bf16`) or a vector (`bf16x8`). A peer-pointer table
 is a run of pointer args `NAME_0 .. NAME_{k-1}`; the caller may pass `NAME=[addr, ...]`
 (up to k entries, padded with the first so unused slots still point at valid memory).
+Manifest args may also carry what the DSL declared (added at build time, all optional):
+`role` (ptr | peer_ptrs | registered_ptrs | scalar | call_id), `param` (the DSL parameter a
+peer-table member belongs to), `align` (bytes the address must be a multiple of: 16 where
+the kernel accesses 16-byte packs through it) and `elem` (a RegisteredPtrs table's pointee).
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
-import operator
 import re
-import struct
 from typing import Any, Iterable, Mapping, Sequence
 
 
@@ -36,7 +35,7 @@ _SCALARS: dict[str, tuple[str, int, int | None, int | None]] = {
 _ELEM_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "f32": 4,
                "f64": 8}
 # Torch dtypes (by their short name) a typed pointer accepts. float8 rides on i8 pointers.
-_TORCH_DTYPES = {
+TORCH_DTYPES = {
     "bf16": {"bfloat16"},
     "f16": {"float16"},
     "f32": {"float32"},
@@ -48,6 +47,8 @@ _TORCH_DTYPES = {
            "float8_e8m0fnu"},
     "i1": {"bool"},
 }
+_TORCH_DTYPES = TORCH_DTYPES
+ROLES = ("ptr", "peer_ptrs", "registered_ptrs", "scalar", "call_id")
 _PTR_RE = re.compile(r"^ptr(?:<\s*([a-z][a-z0-9]*?)(?:x(\d+))?\s*(?:,\s*([a-z_]+)\s*)?>)?$")
 _TABLE_RE = re.compile(r"^(.+)_(\d+)$")
 POINTER_BYTES = 8
@@ -96,6 +97,10 @@ class ArgSpec:
     type: ArgType
     offset: int
     size: int
+    role: str = ""    # what the DSL declared (ROLES); "" where the manifest does not say
+    param: str = ""   # the DSL parameter (a peer table's base name for its members)
+    align: int = 0    # required address alignment in bytes; 0: not recorded
+    elem: str = ""    # a registered_ptrs table's pointee type (the table itself is ptr<i64>)
 
 
 def arg_specs_from_json(args: Sequence[Mapping[str, Any]]) -> tuple[ArgSpec, ...]:
@@ -104,8 +109,14 @@ def arg_specs_from_json(args: Sequence[Mapping[str, Any]]) -> tuple[ArgSpec, ...
         missing = [k for k in ("name", "type", "offset", "size") if k not in a]
         if missing:
             raise KernargError(f"argument #{i} ({a.get('name', '?')}) lacks {missing}")
+        role, align = str(a.get("role", "")), int(a.get("align", 0))
+        if role and role not in ROLES:
+            raise KernargError(f"argument {a['name']!r}: unknown role {role!r} (one of {ROLES})")
+        if align < 0 or align & (align - 1):
+            raise KernargError(f"argument {a['name']!r}: align {align} is not a power of two")
         out.append(ArgSpec(str(a["name"]), parse_type(str(a["type"])), int(a["offset"]),
-                           int(a["size"])))
+                           int(a["size"]), role, str(a.get("param", "")), align,
+                           str(a.get("elem", ""))))
     return tuple(out)
 
 
@@ -152,148 +163,25 @@ _PEER_TABLES: dict[int, tuple[Any, dict[str, list[str]]]] = {}
 def _find_peer_tables(args: Sequence[ArgSpec]) -> dict[str, list[str]]:
     groups: dict[str, dict[int, str]] = {}
     names = {a.name for a in args}
+    declared = any(a.role for a in args)  # the build recorded the DSL's roles: trust them
     for a in args:
         m = _TABLE_RE.match(a.name)
-        if a.type.is_pointer and m and m.group(1) not in names:
-            groups.setdefault(m.group(1), {})[int(m.group(2))] = a.name
+        if not (a.type.is_pointer and m) or (declared and a.role != "peer_ptrs"):
+            continue
+        base = (a.param or m.group(1)) if declared else m.group(1)
+        if base not in names:
+            groups.setdefault(base, {})[int(m.group(2))] = a.name
     return {base: [g[i] for i in range(len(g))] for base, g in groups.items()
             if len(g) >= 2 and sorted(g) == list(range(len(g)))}
 
 
-def _is_tensor(v: Any) -> bool:
-    return type(v).__module__.split(".")[0] == "torch" and hasattr(v, "data_ptr")
-
-
-def _pointer_value(name: str, t: ArgType, v: Any, device: int | None) -> int:
-    if v is None:
-        return 0  # an explicit null (optional buffers); a *missing* arg still raises
-    if _is_tensor(v):
-        dev = v.device
-        if dev.type != "cuda":  # ROCm torch names its GPUs "cuda" too
-            raise KernargError(f"argument {name!r}: tensor is on {dev}, expected a GPU tensor")
-        if device is not None and dev.index is not None and dev.index != device:
-            raise KernargError(f"argument {name!r}: tensor is on {dev}, kernel launches on "
-                               f"device {device}")
-        dname = str(v.dtype).replace("torch.", "")
-        if t.scalar is not None and dname not in _TORCH_DTYPES.get(t.scalar, set()):
-            raise KernargError(f"argument {name!r}: tensor dtype {dname} does not match "
-                               f"{t.text} (accepts {sorted(_TORCH_DTYPES[t.scalar])}; pass "
-                               "t.data_ptr() to override)")
-        addr = int(v.data_ptr())
-    elif isinstance(v, (bool, float)):
-        raise KernargError(f"argument {name!r}: {type(v).__name__} is not a pointer")
-    else:
-        try:
-            addr = operator.index(v)
-        except TypeError:
-            try:  # driver handle objects (CUdeviceptr, hip Pointer) convert with int()
-                addr = int(v)
-            except (TypeError, ValueError):
-                raise KernargError(f"argument {name!r}: expected a device address (int) or a "
-                                   f"tensor, got {type(v).__name__}") from None
-    if not 0 <= addr < (1 << 64):
-        raise KernargError(f"argument {name!r}: address {addr:#x} is not a 64-bit address")
-    align = min(t.pointee_bytes, 16)
-    if addr % align:
-        raise KernargError(f"argument {name!r}: address {addr:#x} is not {align}-byte aligned "
-                           f"as {t.text} requires")
-    return addr
-
-
-def _scalar_bytes(name: str, t: ArgType, v: Any) -> bytes:
-    fmt, _size, lo, hi = _SCALARS[t.scalar]
-    if _is_tensor(v):
-        raise KernargError(f"argument {name!r} is a {t.text} scalar, got a tensor")
-    if lo is not None:
-        if isinstance(v, float) or isinstance(v, bool):
-            raise KernargError(f"argument {name!r}: {t.text} needs an int, got "
-                               f"{type(v).__name__} {v!r}")
-        try:
-            iv = operator.index(v)
-        except TypeError:
-            raise KernargError(f"argument {name!r}: {t.text} needs an int, got "
-                               f"{type(v).__name__}") from None
-        if not lo <= iv <= hi:
-            raise KernargError(f"argument {name!r}: {iv} is out of range for {t.text} "
-                               f"[{lo}, {hi}]")
-        return struct.pack(fmt, iv)
-    try:
-        fv = float(v)
-    except (TypeError, ValueError):
-        raise KernargError(f"argument {name!r}: {t.text} needs a number, got "
-                           f"{type(v).__name__}") from None
-    if t.scalar == "f32" and math.isfinite(fv) and abs(fv) > 3.4028234663852886e38:
-        raise KernargError(f"argument {name!r}: {fv!r} overflows f32")
-    return struct.pack(fmt, fv)
-
-
-def expand_peer_tables(args: Sequence[ArgSpec], values: Mapping[str, Any]) -> dict[str, Any]:
-    """Replace `NAME=[a0, a1, ...]` by NAME_0..NAME_{k-1}, padding with a0."""
-    tables = peer_tables(args)
-    out = dict(values)
-    for base, members in tables.items():
-        if base not in out:
-            continue
-        lst = out.pop(base)
-        if not isinstance(lst, (list, tuple)):
-            raise KernargError(f"argument {base!r} is the peer table {members[0]}.."
-                               f"{members[-1]}: pass a list of up to {len(members)} addresses")
-        if not 1 <= len(lst) <= len(members):
-            raise KernargError(f"peer table {base!r} takes 1..{len(members)} entries, "
-                               f"got {len(lst)}")
-        clash = [m for m in members if m in out]
-        if clash:
-            raise KernargError(f"peer table {base!r} given both as a list and as {clash}")
-        for i, m in enumerate(members):
-            out[m] = lst[i] if i < len(lst) else lst[0]
-    return out
-
-
-def pack_args(args: Sequence[ArgSpec], kernarg_size: int, values: Mapping[str, Any], *,
-              device: int | None = None, kernel: str = "kernel") -> bytes:
-    vals = expand_peer_tables(args, values)
-    names = {a.name for a in args}
-    unknown = sorted(set(vals) - names)
-    missing = [a.name for a in args if a.name not in vals]
-    if unknown or missing:
-        tables = peer_tables(args)
-        hint = f"; peer tables: {sorted(tables)}" if tables else ""
-        raise KernargError(f"{kernel}: missing arguments {missing}, unknown arguments "
-                           f"{unknown} (expects {[a.name for a in args]}{hint})")
-    buf = bytearray(kernarg_size)
-    for a in args:
-        v = vals[a.name]
-        if a.type.is_pointer:
-            if type(v) is int and 0 <= v < (1 << 64) and not v % min(a.type.pointee_bytes, 16):
-                struct.pack_into("<Q", buf, a.offset, v)  # the common case, checked inline
-                continue
-            raw = struct.pack("<Q", _pointer_value(a.name, a.type, v, device))
-        else:
-            raw = _scalar_bytes(a.name, a.type, v)
-        buf[a.offset:a.offset + a.size] = raw
-    return bytes(buf)
-
-
-def pack_kernargs(entry: Any, args: Mapping[str, Any], *, device: int | None = None) -> bytes:
-    """Pack `args` (name -> value) for a manifest kernel entry (a KernelEntry or its JSON dict).
-
-    Pointers: int device address, torch tensor (device and dtype checked), None (null), or
-    for a peer table NAME_0..NAME_7 a list under NAME. Scalars are range-checked.
-    """
-    if isinstance(entry, Mapping):
-        specs = arg_specs_from_json(entry["args"])
-        return pack_args(specs, int(entry["kernarg_size"]), args, device=device,
-                         kernel=str(entry.get("symbol", "kernel")))
-    return pack_args(entry.args, entry.kernarg_size, args, device=device, kernel=entry.name)
-
-
-def unpack_args(args: Sequence[ArgSpec], data: bytes) -> dict[str, int | float]:
-    """The inverse, for tests and logs: name -> int address / int / float."""
-    out: dict[str, int | float] = {}
-    for a in args:
-        fmt = "<Q" if a.type.is_pointer else _SCALARS[a.type.scalar][0]
-        out[a.name] = struct.unpack_from(fmt, data, a.offset)[0]
-    return out
+def __getattr__(name: str) -> Any:
+    """The packing functions moved to packplan.py (the one implementation); old imports of
+    them from here keep working."""
+    if name in ("pack_args", "pack_kernargs", "unpack_args", "expand_peer_tables"):
+        from . import packplan
+        return getattr(packplan, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- launch-time helpers shared by the CUDA and HIP loaders (pure ctypes) ----------------

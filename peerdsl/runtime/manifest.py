@@ -3,7 +3,8 @@
 The ahead-of-time build writes one manifest per target; the runtime reads it here, checks
 every code object against its recorded sha256 and ELF header (so a stale or wrong-target
 file fails at load with a clear message rather than as a launch fault), finds a kernel by
-op + constexprs and packs its arguments (`kernarg.pack_kernargs`).
+op + constexprs and packs its arguments through the entry's `PackPlan` (packplan.py, the one
+packing implementation).
 """
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any, Mapping
 
-from .kernarg import (ArgSpec, KernargError, arg_specs_from_json, pack_args, pack_kernargs,
-                      peer_tables, validate_layout)
-from .packplan import PackPlan
+from .kernarg import ArgSpec, KernargError, arg_specs_from_json, peer_tables, validate_layout
+from .packplan import PackPlan, pack_kernargs
 
 __all__ = ["KNOWN_ARCHS", "ManifestError", "KernelEntry", "Manifest", "load_manifest",
            "constexpr_json", "pack_kernargs", "KernargError"]
@@ -73,18 +73,20 @@ class KernelEntry:
         return peer_tables(self.args)
 
     def pack(self, args: Mapping[str, Any], *, device: int | None = None) -> bytes:
-        return pack_args(self.args, self.kernarg_size, args, device=device, kernel=self.name)
+        """The kernargs for `args`, every argument checked (PackPlan.pack_checked)."""
+        return self.pack_plan().pack_checked(args, device=device)
 
     def pack_trusted(self, args: Mapping[str, Any]) -> bytes:
-        """`pack` without the per-tensor checks, for callers that checked their inputs."""
+        """`pack` without the per-argument checks, for callers that checked their inputs."""
         return self.pack_plan().pack(args)
 
     def pack_plan(self) -> PackPlan:
-        """The compiled layout behind `pack_trusted`, built once per instance (the loaders
-        fill their preallocated launch buffers with it)."""
+        """This entry's compiled layout, built once per instance (the loaders fill their
+        preallocated launch buffers with it)."""
         plan = _PLANS.get(self.name)
         if plan is None or plan[0] is not self.args:
-            plan = _PLANS[self.name] = (self.args, PackPlan(self.args, self.kernarg_size))
+            plan = _PLANS[self.name] = (self.args, PackPlan(self.args, self.kernarg_size,
+                                                            self.name))
         return plan[1]
 
 

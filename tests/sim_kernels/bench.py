@@ -20,7 +20,7 @@ def main(seed=None) -> float:
         kern = ar_direct.trace(T=dsl.bf16, world=comm.world)
         comm.barrier()
         t0 = time.perf_counter()
-        comm.launch(kern, None, GRID, dict(sig=comm.peer_signals, inp=ptrs, out=out,
+        comm.launch_ir(kern, None, GRID, dict(sig=comm.peer_signals, inp=ptrs, out=out,
                                            rank=comm.rank, npacks=ROWS * H // 8))
         dt = time.perf_counter() - t0
         xs = comm.exchange(x)

@@ -201,7 +201,7 @@ class CudaKernel:
                stream: Any = None, shared_bytes: int | None = None,
                mode: str | None = None, trusted: bool = False) -> None:
         """Launch with `grid` blocks of the manifest's block_size on `stream` (torch's
-        current stream by default). `args`: name -> value (see kernarg.pack_kernargs) or
+        current stream by default). `args`: name -> value (see packplan.PackPlan) or
         already packed bytes. Asynchronous, like any launch: faults surface at the next sync.
         `trusted=True` skips the per-tensor checks (dtype, device, alignment) for callers
         that made them already.

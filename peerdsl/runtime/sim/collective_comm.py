@@ -67,7 +67,7 @@ class SimCollectiveComm(SimCommunicator, Collectives):
         if local:
             self.launch_local(kernel, constexprs, grid, args)
         else:
-            self.launch(kernel, constexprs, grid, args)
+            self.launch_ir(kernel, constexprs, grid, args)
 
     def _fallback_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """What torch.distributed would give: a sum of every rank's tensor (rank order here)."""

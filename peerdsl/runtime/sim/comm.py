@@ -1,8 +1,8 @@
 """SimCommunicator: one rank's view of a simulated multi-GPU job (what ops/ builds on).
 
 `peerdsl.sim.run(tp, fn)` starts one Python thread per rank running `fn(comm)`. Host code of
-each rank is ordinary Python; every *collective* call (`launch`, `register`, `exchange`,
-`barrier`) is a rendezvous: the last rank to arrive executes the call for all ranks (kernel
+each rank is ordinary Python; every *collective* call (`launch_ir`, `register`, `exchange`,
+`barrier`, and `launch` of a kernel that synchronizes) is a rendezvous: the last rank to arrive executes the call for all ranks (kernel
 launches of all ranks together under one scheduler), then every rank continues with its own
 result or error. All ranks must make the same sequence of collective calls.
 Collective ops (all_reduce, fused_allreduce_rmsnorm, ...) are added on top of this API by
@@ -17,16 +17,24 @@ API of `SimCommunicator` (attributes, then methods):
                                        Signal at offset 0 (zeroed, spin-limit word set)
     meta_layout: layout.MetaLayout
     peer_meta: list[int]               every rank's meta buffer address (index = rank)
-    signal, peer_signals               = meta address / peer_meta (Signal is at offset 0)
+    peer_signals: list[int]            every rank's Signal address (meta + 0)
+    signal: PeerBuffer                 the same as a PeerPtrs value for comm.launch
     ll_offset, staging_offset: int     byte offsets of the LL scratch and staging in meta
     alloc(shape, dtype, name="") -> DeviceBuffer          zeroed device tensor
     to_device(tensor, name="") -> DeviceBuffer            new device copy of a CPU tensor
     copy_in(buf, tensor) / to_torch(buf_or_addr, shape=None, dtype=None) -> torch.Tensor
     register(buf) -> list[int]         collective: every rank's address of its `buf`
+                                       (a DeviceBuffer or address; a CPU tensor gives a
+                                       PeerBuffer, see comm.launch)
+    peer_buffer(shape, dtype) -> PeerBuffer   collective: zeroed peer-visible memory
     exchange(obj) -> list              collective all-gather of a host object
     barrier() -> None                  collective host barrier
-    launch(kernel, constexprs, grid, args, delay=None) -> None
-        collective launch: every rank launches (normally the same kernel) and all ranks'
+    launch(op_or_kernel, grid=..., constexprs=None, **args) -> None
+        the user launch, the same call as on the GPU Communicator, with torch CPU tensors
+        (sim/user_launch.py): args checked against the kernel's signature, results copied
+        back into the tensors passed
+    launch_ir(kernel, constexprs, grid, args, delay=None) -> None
+        the primitive collective launch: every rank launches (normally the same kernel) and all ranks'
         blocks run together. `kernel` is a dsl Kernel (traced with `constexprs`) or an
         ir.Kernel. `args`: name -> int / float / address / DeviceBuffer, or a list of
         addresses for a PeerPtrs parameter. `delay`: this rank starts that many scheduler
@@ -55,6 +63,7 @@ from ...dsl import ir
 from ...dsl.kernel import Kernel as DslKernel
 from ..errors import CollectiveTimeout, SimAborted, SimError
 from .device import DeviceBuffer, Launch, SimSystem
+from .user_launch import SimUserLaunch
 
 _SIG_ERR_BYTE = layout.SIG_ERROR * 4
 _SPIN_BYTE = layout.SIG_SPIN_LIMIT * 4
@@ -192,7 +201,7 @@ class SimJob:
         return out
 
 
-class SimCommunicator:
+class SimCommunicator(SimUserLaunch):
     """One rank of a simulated job; see the module docstring for the API."""
 
     def __init__(self, job: SimJob, rank: int, meta_layout: layout.MetaLayout,
@@ -211,10 +220,6 @@ class SimCommunicator:
         self.delay = 0
         self._local_launches = 0
         self.set_spin_limit(spin_limit)
-
-    @property
-    def signal(self) -> int:
-        return self.meta.addr + self.meta_layout.signal_offset
 
     @property
     def peer_signals(self) -> list[int]:
@@ -248,14 +253,18 @@ class SimCommunicator:
     def exchange(self, obj: Any) -> list:
         return self.job.collective(self.rank, "exchange", obj)
 
-    def register(self, buf: DeviceBuffer | int) -> list[int]:
+    def register(self, buf: DeviceBuffer | int | torch.Tensor) -> Any:
+        """Collective: every rank's address of its `buf` (a list), or for a CPU tensor a
+        PeerBuffer whose tensor stays in step with the device (see `launch`)."""
+        if isinstance(buf, torch.Tensor):
+            return self._register_tensor(buf)
         return [int(a) for a in self.exchange(int(buf))]
 
     def barrier(self) -> None:
         self.exchange(None)
 
-    def launch(self, kernel: Any, constexprs: dict | None, grid: int | Sequence[int],
-               args: dict[str, Any], delay: int | None = None) -> None:
+    def launch_ir(self, kernel: Any, constexprs: dict | None, grid: int | Sequence[int],
+                  args: dict[str, Any], delay: int | None = None) -> None:
         d = self.delay if delay is None else delay
         ln = Launch(self.device, _ir_of(kernel, constexprs), grid, dict(args), int(d))
         err = self.job.collective(self.rank, "launch", ln)
