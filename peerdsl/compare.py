@@ -1,275 +1,178 @@
-"""`peerdsl compare OP --ref FILE --arch ARCH`: a DSL kernel beside its hand-written HIP twin.
+"""`peerdsl compare OP --ref FILE.hip --arch ARCH`: any DSL op beside a hand-written HIP kernel.
 
-Static by default: registers, LDS, scratch/spills and instruction counts by class, for the
-DSL variant in the manifest (T, H, W; bf16 / 6144 / 4 unless told) and the reference symbol
-of the same shape built from FILE (reference/hip/<OP>.hip by default). AMD resources come
-from each code object's NT_AMDGPU_METADATA note, counts from the ISA text (the DSL's .s
-beside its code object; clang -S for the reference). NVIDIA: `ptxas -v` and PTX counts.
+    peerdsl compare OP [--ref FILE.hip] [--ref-symbol NAME] [--arch gfx1250|gfx950|gfx942|sm_90]
+                       [--constexpr K=V ...] [--build DIR] [--module FILE_OR_MODULE ...]
+                       [--run --inputs MODULE:FUNCTION [--recipe-arg K=V ...] [--world N]]
 
-`--run` (sm_90, on a GPU) launches both on the same inputs and reports byte equality and
-latency: see compare_run.py.
+Static by default: a side-by-side table of resources (AMD: VGPR/AGPR/SGPR, LDS, scratch,
+spills, occupancy; sm_90: registers, shared/local memory, spills) and instruction classes
+counted from each side's ISA (isa_stats.py). The DSL side is the op's variant in BUILD's
+manifest, or, when the manifest lacks it, compiled on demand through the build cache. The
+reference side is FILE built by reference_build.py (clang-22 for AMD, nvcc for sm_90); its
+kernel is --ref-symbol, else picked by name (compare_sides.pick_ref_symbol).
+
+`--run` (sm_90, on a GPU) launches both on the inputs a recipe makes and reports byte
+equality and latency (compare_run.py: the recipe API; compare_gpu.py: the launch). Shipped
+ops have default recipes and default constexprs in compare_recipes.py.
 """
 from __future__ import annotations
 
 import argparse
-import collections
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-HELP = "compare a DSL kernel with the HIP reference (resources, instruction classes, --run)"
-OPS = ("fused_ar_rms_1stage", "allreduce_ll")
+from . import isa_stats
+from .compare_run import CompareError
 
-# ----------------------------------------------------------------------------- ISA classes
-# AMD mnemonics (gfx12 spelling; s_waitcnt* and dword forms for the older targets).
-_AMD_CLASSES: list[tuple[str, re.Pattern]] = [
-    ("global load b32", re.compile(r"^global_load_(b32|dword)$")),
-    ("global load b64", re.compile(r"^global_load_(b64|dwordx2)$")),
-    ("global load b128", re.compile(r"^global_load_(b128|dwordx4)$")),
-    ("global load other", re.compile(r"^global_load_")),
-    ("global store b32", re.compile(r"^global_store_(b32|dword)$")),
-    ("global store b64", re.compile(r"^global_store_(b64|dwordx2)$")),
-    ("global store b128", re.compile(r"^global_store_(b128|dwordx4)$")),
-    ("global store other", re.compile(r"^global_store_")),
-    ("flat load/store", re.compile(r"^flat_(load|store)")),
-    ("scalar loads", re.compile(r"^s_(buffer_)?load")),
-    ("atomics", re.compile(r"^(global|flat|buffer)_atomic_")),
-    ("LDS (ds_*)", re.compile(r"^ds_")),
-    ("cache wb/inv", re.compile(r"^(global_inv|global_wb|buffer_inv|buffer_wbl2|buffer_gl)")),
-    ("waits (s_wait*)", re.compile(r"^s_wait")),
-    ("barriers", re.compile(r"^s_barrier")),
-    ("branches", re.compile(r"^s_(c?branch)")),
-]
-CLASS_ORDER = [name for name, _ in _AMD_CLASSES] + ["fences", "total"]
+HELP = "compare any DSL op with a HIP kernel (resources, instruction classes, --run on sm_90)"
+ARCHS = ("gfx1250", "gfx950", "gfx942", "sm_90")
 
 
-def _amd_mnemonic(line: str) -> str | None:
-    """The mnemonic of an ISA line (clang -S or llvm-objdump), None for anything else."""
-    s = line.split(";", 1)[0].split("//", 1)[0].strip()
-    if not s or s.startswith(".") or s.endswith(":") or re.match(r"^[0-9a-f]+ <", s):
-        return None
-    return s.split()[0]
+# ----------------------------------------------------------------------------- table
+def table(dsl: Any, ref: Any, markdown: bool = False) -> str:
+    """The side-by-side table of two compare_sides.Side: resources, then the instruction
+    classes (children indented under their group), with DSL - reference for numbers."""
+    rows: list[tuple[str, Any, Any]] = [("kernel", dsl.kernel, ref.kernel),
+                                        ("from", dsl.origin, ref.origin)]
+    keys = list(dict.fromkeys([*dsl.resources, *ref.resources]))
+    rows += [(k, dsl.resources.get(k, "-"), ref.resources.get(k, "-")) for k in keys]
+    rows += [(isa_stats.row_label(k), dsl.counts.get(k, 0), ref.counts.get(k, 0))
+             for k in isa_stats.merged_rows(dsl.counts, ref.counts)]
 
+    def delta(a: Any, b: Any) -> str:
+        return f"{a - b:+d}" if isinstance(a, int) and isinstance(b, int) and a != b else ""
 
-def function_lines(text: str, symbol: str) -> list[str]:
-    """The lines of `symbol`'s body in an assembly listing (clang -S, our .s, or objdump)."""
-    lines = text.splitlines()
-    start = None
-    for i, ln in enumerate(lines):
-        s = ln.split(";", 1)[0].strip()  # clang -S writes "sym:  ; @sym"
-        if s == f"{symbol}:" or s.endswith(f"<{symbol}>:"):
-            start = i + 1
-            break
-    if start is None:
-        raise KeyError(f"no function {symbol!r} in the ISA text")
-    out = []
-    for ln in lines[start:]:
-        s = ln.strip()
-        # clang -S ends a function with .Lfunc_endN:; objdump starts the next with <sym>:
-        if s.startswith(".Lfunc_end") or s.startswith(".size") or re.match(r"^[0-9a-f]+ <", s):
-            break
-        out.append(ln)
-    return out
-
-
-def count_amd(lines: list[str]) -> dict[str, int]:
-    counts: collections.Counter = collections.Counter()
-    for ln in lines:
-        m = _amd_mnemonic(ln)
-        if m is None:
-            continue
-        counts["total"] += 1
-        for name, pat in _AMD_CLASSES:
-            if pat.search(m):
-                counts[name] += 1
-                break
-    return {k: counts.get(k, 0) for k in CLASS_ORDER if k != "fences"}
-
-
-# PTX: ld/st outside param/shared/local/const are global (generic pointers to global here).
-_PTX_MEM = re.compile(r"^(ld|st)((?:\.[a-z0-9_]+)*)$")
-_PTX_BITS = re.compile(r"\.[busf](8|16|32|64|128)\b")
-
-
-def _ptx_width(mods: str) -> int:
-    vec = 4 if ".v4" in mods else 2 if ".v2" in mods else 1
-    bits = _PTX_BITS.findall(mods)
-    return vec * int(bits[-1]) if bits else 0
-
-
-def count_ptx(lines: list[str]) -> dict[str, int]:
-    counts: collections.Counter = collections.Counter()
-    for ln in lines:
-        for stmt in ln.split("//", 1)[0].replace("{", " ").replace("}", " ").split(";"):
-            s = stmt.strip()
-            if not s or s.startswith(".") or s.endswith(":") or s.startswith("@%") and " " not in s:
-                continue
-            if s.startswith("@"):
-                s = s.split(None, 1)[1] if " " in s else ""
-            op = s.split()[0] if s else ""
-            if not op or not re.match(r"^[a-z]", op):
-                continue
-            counts["total"] += 1
-            m = _PTX_MEM.match(op)
-            if m and not re.search(r"\.(param|shared|local|const)\b", m.group(2)):
-                kind = "load" if m.group(1) == "ld" else "store"
-                w = _ptx_width(m.group(2))
-                cls = f"global {kind} b{w}" if w in (32, 64, 128) else f"global {kind} other"
-                counts[cls] += 1
-            elif m and ".shared" in m.group(2):
-                counts["LDS (ds_*)"] += 1
-            elif op.startswith(("atom", "red.")):
-                counts["atomics"] += 1
-            elif op.startswith(("fence", "membar")):
-                counts["fences"] += 1
-            elif op.startswith(("bar.", "barrier")):
-                counts["barriers"] += 1
-            elif op.startswith(("bra", "brx")):
-                counts["branches"] += 1
-    return {k: counts.get(k, 0) for k in CLASS_ORDER
-            if k not in ("flat load/store", "scalar loads", "cache wb/inv", "waits (s_wait*)")}
-
-
-def ptx_function(text: str, symbol: str) -> list[str]:
-    m = re.search(rf"\.entry\s+{re.escape(symbol)}\s*\((.*?)^\}}", text, re.S | re.M)
-    if not m:
-        raise KeyError(f"no .entry {symbol!r} in the PTX")
-    return m.group(0).splitlines()
-
-
-# ----------------------------------------------------------------------------- the two sides
-def ref_symbol(op: str, T: str, H: int, W: int) -> str:
-    """The reference's extern "C" name for a shape (see the REF_* macros in the .hip files)."""
-    if op == "fused_ar_rms_1stage":
-        return f"{op}_{T}_h{H}_w{W}"
-    if op == "allreduce_ll":
-        return f"{op}_{T}_w{W}"
-    raise KeyError(f"no reference for op {op!r} (have {OPS})")
-
-
-def side_amd(code_object: Path, isa_text: str, symbol: str) -> dict[str, Any]:
-    from .lowering.codeobject import read_amd
-    info = read_amd(code_object.read_bytes(), symbol)
-    r = info.resources
-    row = {"kernel": symbol, "code object": str(code_object), "VGPRs": r["vgpr"],
-           "AGPRs": r["agpr"], "SGPRs": r["sgpr"], "LDS bytes": info.lds_bytes,
-           "scratch bytes": r["scratch_bytes"],
-           "spills (vgpr/sgpr)": f"{r['vgpr_spill']}/{r['sgpr_spill']}",
-           "kernarg bytes": info.kernarg_size, "wave": info.wave_size}
-    row.update(count_amd(function_lines(isa_text, symbol)))
-    return row
-
-
-def side_nvidia(code_object: Path, ptx_text: str, symbol: str, ptxas: dict[str, int]) -> dict:
-    row = {"kernel": symbol, "code object": str(code_object), "registers": ptxas["registers"],
-           "smem bytes": ptxas["smem_bytes"], "stack bytes": ptxas["stack_bytes"],
-           "spills (st/ld)": f"{ptxas['spill_stores']}/{ptxas['spill_loads']}",
-           "barriers used": ptxas["barriers"]}
-    row.update({f"PTX {k}": v for k, v in count_ptx(ptx_function(ptx_text, symbol)).items()})
-    return row
-
-
-def dsl_side(build: Path, arch: str, op: str, T: str, H: int, W: int) -> dict[str, Any]:
-    from .runtime.manifest import load_manifest
-    m = load_manifest(build, arch)
-    query: dict[str, Any] = {"T": T, "W": W}
-    if op == "fused_ar_rms_1stage":
-        query["H"] = H
-    e = m.find(op, query)
-    isa = e.path.parent / e.raw.get("isa_file", e.path.with_suffix(".s" if arch.startswith(
-        "gfx") else ".ptx").name)
-    if arch.startswith("gfx"):
-        return side_amd(e.path, isa.read_text(), e.symbol)
-    ptxas = dict(e.resources)
-    return side_nvidia(e.path, isa.read_text(), e.symbol, ptxas)
-
-
-def ref_side(ref: Path, out: Path, arch: str, op: str, T: str, H: int, W: int) -> dict:
-    from . import reference_build as rb
-    art = rb.build(ref, arch, out)
-    sym = ref_symbol(op, T, H, W)
-    if arch.startswith("gfx"):
-        return side_amd(art.code_object, art.isa.read_text(), sym)
-    ptxas = _ptxas_resources(art.ptxas_log.read_text(), sym)
-    return side_nvidia(art.code_object, art.isa.read_text(), sym, ptxas)
-
-
-def _ptxas_resources(log: str, symbol: str) -> dict[str, int]:
-    try:
-        from .lowering.codeobject import parse_ptxas_log
-    except ImportError:  # the GPU machine has no pyelftools: the same report, parsed here
-        m = re.search(rf"Function properties for {re.escape(symbol)}(.*?)(?=Compiling|\Z)",
-                      log, re.S)
-        block = m.group(1) if m else ""
-        pats = {"registers": r"Used (\d+) registers", "spill_stores": r"(\d+) bytes spill st",
-                "spill_loads": r"(\d+) bytes spill lo", "stack_bytes": r"(\d+) bytes stack",
-                "smem_bytes": r"(\d+) bytes smem", "barriers": r"used (\d+) barriers"}
-        return {k: int(h.group(1)) if (h := re.search(p, block)) else 0
-                for k, p in pats.items()}
-    return parse_ptxas_log(log, symbol)
-
-
-def table(dsl: dict[str, Any], ref: dict[str, Any], markdown: bool = False) -> str:
-    keys = list(dict.fromkeys(list(dsl) + list(ref)))
     if markdown:
-        rows = ["| | DSL | HIP reference |", "|---|---|---|"]
-        rows += [f"| {k} | {dsl.get(k, '-')} | {ref.get(k, '-')} |" for k in keys
-                 if k != "code object"]
-        return "\n".join(rows)
-    w0 = max(len(k) for k in keys)
-    w1 = max(len("DSL"), *(len(str(dsl.get(k, "-"))) for k in keys))
-    lines = [f"{'':{w0}}  {'DSL':<{w1}}  HIP reference"]
-    lines += [f"{k:{w0}}  {str(dsl.get(k, '-')):<{w1}}  {ref.get(k, '-')}" for k in keys]
-    return "\n".join(lines)
+        out = [f"DSL from: {dsl.origin}  ", f"HIP reference from: {ref.origin}", "",
+               "| | DSL | HIP reference | DSL - ref |", "|---|---|---|---|"]
+        out += [f"| {k.replace('  ', '&nbsp;&nbsp;')} | {a} | {b} | {delta(a, b)} |"
+                for k, a, b in rows if k != "from"]
+        return "\n".join(out)
+    w0 = max(len(k) for k, _, _ in rows)
+    w1 = max(len("DSL"), *(len(str(a)) for k, a, _ in rows if k != "from"))
+    w2 = max(len("HIP reference"), *(len(str(b)) for k, _, b in rows if k != "from"))
+    out = [f"{'':{w0}}  {'DSL':<{w1}}  {'HIP reference':<{w2}}  DSL - ref"]
+    for k, a, b in rows:
+        if k == "from":  # long paths: one line per side instead of a column
+            out.insert(1, f"DSL from: {a}\nHIP reference from: {b}")
+            continue
+        out.append(f"{k:{w0}}  {str(a):<{w1}}  {str(b):<{w2}}  {delta(a, b)}".rstrip())
+    return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------- CLI plugin
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("op", choices=OPS, help="DSL op to compare")
+    p.add_argument("op", help="the DSL op (shipped, or registered by a --module)")
     p.add_argument("--ref", default=None,
-                   help="reference HIP source (default: reference/hip/<op>.hip)")
-    p.add_argument("--arch", default="gfx1250", help="gfx1250 (static) or sm_90 (static, --run)")
-    p.add_argument("--build", default="build", help="DSL build directory (peerdsl build -o)")
+                   help="the HIP source to compare with (default: reference/hip/<op>.hip)")
+    p.add_argument("--ref-symbol", default=None, metavar="NAME",
+                   help="the kernel in --ref ({K} placeholders take the constexprs, e.g. "
+                   "myop_{T}_w{W}); default: picked by name")
+    p.add_argument("--arch", default="gfx1250", choices=ARCHS,
+                   help="target (static table on all; --run on sm_90)")
+    p.add_argument("--constexpr", "-c", action="append", default=[], metavar="K=V",
+                   help="the op variant (repeat, or comma-separate); defaults from the op's "
+                   "recipe where it has one")
+    p.add_argument("--build", default="build",
+                   help="DSL build directory (peerdsl build -o); a variant missing there is "
+                   "compiled through the build cache")
+    p.add_argument("--module", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="a Python module or .py file registering user ops (repeatable)")
     p.add_argument("--ref-build", default="build/reference",
-                   help="where the reference is built (default: build/reference)")
-    p.add_argument("--T", default="bf16", choices=("bf16",), help="element type")
-    p.add_argument("--H", type=int, default=6144, help="hidden size (fused op)")
-    p.add_argument("--W", type=int, default=4, help="world size")
+                   help="where the reference (and on-demand DSL copies) are built")
+    p.add_argument("--ref-include", action="append", default=[], metavar="DIR",
+                   help="another include directory for --ref (ref_common.h is always found)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     p.add_argument("--run", action="store_true",
                    help="sm_90 only: run both on the GPU, report byte equality and latency")
-    p.add_argument("--rows", type=int, default=0,
-                   help="--run: rows of H (default 1024 fused, 256 = 3 MiB LL)")
-    p.add_argument("--grid", type=int, default=0, help="--run: blocks per rank (0: as runtime)")
+    p.add_argument("--inputs", default=None, metavar="MODULE:FUNCTION",
+                   help="--run: the recipe making both sides' arguments (compare_run.py); "
+                   "default: the op's recipe in peerdsl/compare_recipes.py")
+    p.add_argument("--recipe-arg", action="append", default=[], metavar="K=V",
+                   help="--run: an option for the recipe (e.g. rows=16)")
+    p.add_argument("--world", type=int, default=0,
+                   help="--run: ranks (default: the variant's W constexpr, else 1)")
+    p.add_argument("--grid", type=int, default=0,
+                   help="--run: at most this many blocks per rank (0: as many as stay resident)")
     p.add_argument("--iters", type=int, default=50, help="--run: timed launches")
 
 
+def _options(items: list[str]) -> dict[str, str]:
+    out = {}
+    for kv in items:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise CompareError(f"--recipe-arg {kv!r}: expected NAME=VALUE")
+        out[k.strip()] = v.strip()
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    from . import reference_build as rb
-    ref = Path(args.ref) if args.ref else rb.REF_DIR / f"{args.op}.hip"
-    if not ref.exists():
-        print(f"peerdsl compare: no reference source {ref}", file=sys.stderr)
-        return 2
-    why = rb.missing_reason(args.arch)
-    if why:
-        print(f"peerdsl compare: cannot build the reference for {args.arch}: {why}",
-              file=sys.stderr)
-        return 2
+    from .lowering.errors import CompileError
+    from .reference_build import ReferenceBuildError
+    from .runtime.manifest import ManifestError
     try:
-        dsl = dsl_side(Path(args.build), args.arch, args.op, args.T, args.H, args.W)
-        refd = ref_side(ref, Path(args.ref_build), args.arch, args.op, args.T, args.H, args.W)
-    except Exception as e:  # manifest missing, compiler error, symbol absent: say which
+        return _run(args)
+    except CompareError as e:
+        print(f"peerdsl compare: {e}", file=sys.stderr)
+        return 2
+    except (ReferenceBuildError, ManifestError, CompileError, OSError) as e:
         print(f"peerdsl compare: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    shape = f"T={args.T}, W={args.W}" + (f", H={args.H}" if args.op != "allreduce_ll" else "")
-    print(f"{args.op} on {args.arch} ({shape}): DSL vs HIP reference ({ref})")
-    print(table(dsl, refd, args.markdown))
-    if args.run:
-        if not args.arch.startswith("sm_"):
-            print("peerdsl compare --run: needs --arch sm_90 (the lent GPU is an H200)",
-                  file=sys.stderr)
-            return 2
-        from .compare_run import run_both
-        return run_both(args, refd["code object"])
-    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import compare_sides as cs
+    from . import reference_build as rb
+    from .compare_run import default_recipe, load_recipe
+    recipe = load_recipe(args.inputs) if args.inputs else default_recipe(args.op)
+    if args.run and args.arch != "sm_90":
+        raise CompareError(f"--run needs --arch sm_90 (the lent GPU is an H200); {args.arch} "
+                           "compares statically")
+    if args.run and recipe is None:
+        raise CompareError(f"--run needs --inputs MODULE:FUNCTION, a recipe making both sides' "
+                           f"arguments ({args.op} has no shipped one; see "
+                           "peerdsl/compare_recipes.py for two)")
+    ref = Path(args.ref) if args.ref else rb.REF_DIR / f"{args.op}.hip"
+    if not ref.is_file():
+        raise CompareError(f"no reference source {ref}" + ("" if args.ref else
+                           "; pass --ref FILE.hip"))
+    why = rb.missing_reason(args.arch)
+    if why:
+        raise CompareError(f"cannot build the reference for {args.arch}: {why}")
+    query = {**(getattr(recipe, "constexprs", None) or {}), **cs.parse_constexprs(args.constexpr)}
+    dsl, note = cs.dsl_kernel(args.op, args.arch, query, Path(args.build),
+                              Path(args.ref_build) / "dsl", args.module)
+    art = rb.build(ref, args.arch, Path(args.ref_build),
+                   tuple(Path(d) for d in args.ref_include))
+    text = art.isa.read_text()
+    sym, how = cs.pick_ref_symbol(isa_stats.kernel_names(text), args.op, dsl.entry.constexprs,
+                                  args.ref_symbol)
+    ref_code = art.code_object.read_bytes()
+    if args.arch == "sm_90":
+        d = cs.nvidia_side(dsl.entry.code_object(), dsl.isa, dsl.entry.symbol,
+                           dsl.entry.resources, dsl.entry.kernarg_size, dsl.origin)
+        r = cs.nvidia_side(ref_code, text, sym, cs.ptxas_resources(art.ptxas_log.read_text(), sym),
+                           cs.cubin_param_bytes(ref_code, sym), str(art.code_object))
+    else:
+        d = cs.amd_side(args.arch, dsl.entry.code_object(), dsl.isa, dsl.entry.symbol,
+                        dsl.origin)
+        r = cs.amd_side(args.arch, ref_code, text, sym, str(art.code_object))
+    shape = ", ".join(f"{k}={v}" for k, v in dsl.entry.constexprs.items())
+    print(f"{args.op} on {args.arch} ({shape}): DSL vs HIP reference {ref} "
+          f"(kernel {sym}: {how})")
+    if note:
+        print(f"note: {note}")
+    print(table(d, r, args.markdown))
+    if not args.run:
+        return 0
+    from .compare_gpu import run_compare
+    from .compare_run import format_report
+    world = args.world or int(dsl.entry.constexprs.get("W", 1))
+    report = run_compare(dsl.manifest, dsl.entry, art.code_object, sym, recipe, world=world,
+                         grid_limit=args.grid, iters=args.iters,
+                         options=_options(args.recipe_arg))
+    print()
+    print(format_report(report))
+    return 0 if report.ok else 1

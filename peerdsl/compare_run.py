@@ -1,265 +1,345 @@
-"""`peerdsl compare --run`: the DSL kernel and the HIP reference on the same inputs, one GPU.
+"""`peerdsl compare --run`: the recipe API, and the pure half of running both kernels.
 
-Single process, W ranks as W CUDA streams of one H200: a rank's "peers" are just other
-buffers on the same device, so every peer pointer is an ordinary device address. Each side
-gets its own Signal (and LL scratch) per rank, so their epochs never mix. Reports:
+A recipe is a function `recipe(ctx: RunContext) -> RunCase`, named on the command line as
+`--inputs MODULE:FUNCTION` (MODULE a dotted name or a .py file). It makes the inputs once and
+says how each side takes them: the DSL op's arguments by name (as `comm.launch` takes them),
+the reference's parameters in order, the grid, and which buffers must come out byte-equal.
+The shipped ops' recipes are ordinary recipes in peerdsl/compare_recipes.py.
 
-- byte equality DSL == reference for every output of every rank (and, where the contract
-  makes it exact, == a torch recomputation: the LL sum, residual_out);
-- latency: `iters` back-to-back launches of all W ranks, mean µs per call.
+Both sides' arguments are packed by one implementation, runtime/packplan.py (PackPlan): the
+DSL's layout is its manifest entry's; the reference's is the layout its cubin records
+(offset, size per parameter), given argument types here from the recipe's values.
 
-DSL side: the sm_90 manifest through CudaLoader. Reference: its cubin through cuda-bindings'
-driver API, with the parameter layout read from the cubin (.nv.info KPARAM_INFO).
+Everything in this module is pure (CPU-testable); compare_gpu.py loads, launches and times.
 """
 from __future__ import annotations
 
-import argparse
-import struct
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import sys
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
 from . import layout
+from .runtime.kernarg import ArgSpec, parse_type, peer_tables
+from .runtime.manifest import KernelEntry
 
-SPIN_LIMIT = 1 << 20  # iterations of a bounded spin before the kernel records an error
-
-
-class RefKernel:
-    """One symbol of the reference cubin, launched with bytes packed at the cubin's offsets."""
-
-    def __init__(self, cubin: Path, symbol: str, device: int):
-        from .runtime.cuda._driver import check, driver
-        from .runtime.cuda.loader import _param_layout, ensure_context
-        self.device, self.symbol = device, symbol
-        data = Path(cubin).read_bytes()
-        ensure_context(device)
-        drv = driver()
-        self.module = check(drv.cuModuleLoadData(data), f"cuModuleLoadData({cubin})")
-        self.function = check(drv.cuModuleGetFunction(self.module, symbol.encode()),
-                              f"cuModuleGetFunction({symbol})")
-        # the layout the driver uses (cuFuncGetParamInfo), else the cubin's .nv.info
-        layout_ = _param_layout(drv, self.function, 32)
-        if layout_:
-            self.params = [(i, off, size) for i, (off, size) in enumerate(layout_)]
-            self.size = max(off + size for _, off, size in self.params)
-        else:
-            from .lowering.codeobject import cubin_params
-            self.params, self.size = cubin_params(data, symbol)  # [(ordinal, offset, size)]
-
-    def pack(self, values: list[bytes]) -> bytes:
-        if len(values) != len(self.params):
-            raise ValueError(f"{self.symbol}: {len(values)} args, the cubin has "
-                             f"{len(self.params)}")
-        buf = bytearray(max(self.size, 0) or sum(s for _, _, s in self.params))
-        for (_, off, size), v in zip(self.params, values):
-            if len(v) != size:
-                raise ValueError(f"{self.symbol}: arg at {off} is {size} bytes, got {len(v)}")
-            buf[off:off + size] = v
-        return bytes(buf)
-
-    def launch(self, grid: int, packed: bytes, stream: int, block: int = 256) -> None:
-        from .runtime.cuda._driver import check, driver
-        from .runtime.cuda.loader import ensure_context
-        from .runtime.kernarg import LaunchBuffer
-        ensure_context(self.device)
-        buf = LaunchBuffer(packed)
-        check(driver().cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, 0, stream,
-                                      buf.params([off for _, off, _ in self.params]), 0),
-              f"cuLaunchKernel({self.symbol}, grid={grid})")
-
-    def occupancy(self, block: int = 256) -> int:
-        from .runtime.cuda._driver import check, driver
-        return int(check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            self.function, block, 0), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+SPIN_LIMIT = 1 << 20  # iterations of a bounded spin before a kernel records an error
 
 
-def _p(v: int) -> bytes:
-    return struct.pack("<Q", int(v))
+class CompareError(Exception):
+    """Bad input to `peerdsl compare` (the message says what to change)."""
 
 
-def _table(addrs: list[int]) -> bytes:
-    """A Peers<> struct: 8 pointers, unused slots = the first (valid memory)."""
-    return b"".join(_p(addrs[i] if i < len(addrs) else addrs[0]) for i in range(layout.MAX_RANKS))
+# ----------------------------------------------------------------------------- recipe API
+@dataclasses.dataclass(frozen=True)
+class Typed:
+    """A reference parameter value with its type spelled out (`i64(5)`, `f32(x)`), for when
+    the value alone would be read otherwise (an int is an i32 in a 4-byte slot)."""
+    type: str   # i8 i16 i32 i64 f32 f64 ptr
+    value: Any
 
 
-def _i32(v: int) -> bytes:
-    return struct.pack("<i", int(v))
+def i32(v: int) -> Typed: return Typed("i32", v)
+def i64(v: int) -> Typed: return Typed("i64", v)
+def f32(v: float) -> Typed: return Typed("f32", v)
+def f64(v: float) -> Typed: return Typed("f64", v)
+def ptr(v: Any) -> Typed: return Typed("ptr", v)
 
 
-def _signals(torch: Any, W: int) -> list[Any]:
-    sigs = []
-    for _ in range(W):
-        s = torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32, device="cuda")
-        s[layout.SIG_SPIN_LIMIT] = SPIN_LIMIT
-        sigs.append(s)
-    return sigs
+@dataclasses.dataclass
+class Output:
+    """A buffer both kernels write: per rank, the DSL's tensor and the reference's."""
+    name: str
+    dsl: list[Any]
+    ref: list[Any]
 
 
-def _errors(sigs: list[Any], who: str) -> list[str]:
+@dataclasses.dataclass
+class Check:
+    """An exact expectation besides DSL == reference (e.g. a torch recomputation)."""
+    label: str
+    actual: Any
+    expected: Any
+
+
+@dataclasses.dataclass
+class RunCase:
+    """What a recipe returns.
+
+    dsl_args: per rank, the DSL kernel's arguments by name: tensors, int addresses, None,
+        numbers, and for a PeerPtrs parameter a list of per-rank addresses/tensors.
+    ref_args: per rank, the reference kernel's parameters in declaration order: a tensor,
+        None or `ptr(addr)` for a pointer; a list for a struct of pointers (`Peers<T>`,
+        padded with its first entry); an int fills an integer slot of its size (a pointer
+        slot of 8 bytes too); a float an f32/f64 slot; `i32()`, `f32()` ... force a type.
+    outputs: what must come out byte-equal, rank by rank.
+    grid: blocks per rank (both sides). Kernels that wait on each other need every block of
+        every rank resident at once: stay at or below `ctx.max_grid`.
+    """
+    dsl_args: list[dict[str, Any]]
+    ref_args: list[list[Any]]
+    outputs: list[Output]
+    grid: int
+    ref_block: int | None = None   # threads per reference block; default the DSL's
+    checks: list[Check] = dataclasses.field(default_factory=list)
+    signals: dict[str, list[Any]] = dataclasses.field(default_factory=dict)  # side -> Signals
+    description: str = ""
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What a recipe gets: torch, where to allocate, the shape, and helpers."""
+    torch: Any
+    device: str                       # "cuda" on the GPU ("cpu" when tests run a recipe)
+    world: int                        # ranks, one CUDA stream each, on one GPU
+    constexprs: dict[str, Any]        # the DSL variant's, JSON form (T="bf16", H=6144)
+    block: int                        # the DSL kernel's threads per block
+    max_grid: int                     # blocks per rank that keep every rank's blocks resident
+    options: dict[str, str] = dataclasses.field(default_factory=dict)  # --recipe-arg K=V
+    seed: int = 1234
+    generator: Any = None
+
+    def __post_init__(self) -> None:
+        if self.generator is None:
+            self.generator = self.torch.Generator(device=self.device).manual_seed(self.seed)
+
+    def option(self, name: str, default: Any, kind: Callable[[str], Any] = int) -> Any:
+        """--recipe-arg NAME=V converted by `kind`, else `default`."""
+        if name not in self.options:
+            return default
+        try:
+            return kind(self.options[name])
+        except ValueError:
+            raise CompareError(f"--recipe-arg {name}={self.options[name]!r}: expected "
+                               f"{getattr(kind, '__name__', kind)}") from None
+
+    def randn(self, *shape: int, dtype: Any = None) -> Any:
+        t = self.torch
+        x = t.randn(*shape, generator=self.generator, device=self.device)
+        return x.to(dtype or t.bfloat16)
+
+    def signals(self) -> list[Any]:
+        """One zeroed Signal buffer per rank, with the host's spin limit set (each side
+        needs its own: their epochs must not mix)."""
+        out = []
+        for _ in range(self.world):
+            s = self.torch.zeros(layout.SIGNAL_BYTES // 4, dtype=self.torch.int32,
+                                 device=self.device)
+            s[layout.SIG_SPIN_LIMIT] = SPIN_LIMIT
+            out.append(s)
+        return out
+
+    def device_table(self, items: Sequence[Any]) -> Any:
+        """A RegisteredPtrs table: every rank's address in device memory (int64 row)."""
+        addrs = [int(x.data_ptr()) if hasattr(x, "data_ptr") else int(x) for x in items]
+        return self.torch.tensor(layout.peer_row(addrs), dtype=self.torch.int64,
+                                 device=self.device)
+
+
+def recipe(constexprs: dict[str, Any] | None = None) -> Callable[[Callable], Callable]:
+    """Mark a recipe; `constexprs` are the defaults `peerdsl compare` uses for the op's
+    variant when --constexpr does not say (static table and --run alike)."""
+    def mark(fn: Callable) -> Callable:
+        fn.peerdsl_recipe = True
+        fn.constexprs = dict(constexprs or {})
+        return fn
+    return mark
+
+
+# ----------------------------------------------------------------------------- loading
+def import_module_spec(spec: str) -> ModuleType:
+    """A dotted module name, or a .py file (imported once under a name of its path)."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        path = path.resolve()
+        if not path.is_file():
+            raise CompareError(f"module file {spec} does not exist")
+        name = f"peerdsl_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        s = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(s)
+        sys.modules[name] = mod
+        try:
+            s.loader.exec_module(mod)
+        except Exception as e:
+            del sys.modules[name]
+            raise CompareError(f"importing {spec} failed{_where(e, str(path))}: "
+                               f"{type(e).__name__}: {e}") from e
+        return mod
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        raise CompareError(f"cannot import module {spec!r}: {e} (a file path must end in .py)")
+    except Exception as e:
+        raise CompareError(f"importing {spec} failed{_where(e)}: {type(e).__name__}: {e}") from e
+
+
+def _where(e: BaseException, path: str | None = None) -> str:
+    """' at FILE:LINE' of the innermost frame in the user's file (else the innermost one
+    outside peerdsl), so an error in a user module names the user's line."""
+    import traceback
+    frames = traceback.extract_tb(e.__traceback__)
+    pkg = str(Path(__file__).resolve().parent)
+    mine = [f for f in frames if (f.filename == path if path else not f.filename.startswith(
+        pkg) and not f.filename.startswith("<frozen"))]
+    return f" at {mine[-1].filename}:{mine[-1].lineno}" if mine else ""
+
+
+def load_recipe(spec: str) -> Callable[[RunContext], RunCase]:
+    """`MODULE:FUNCTION` -> the function."""
+    mod_name, sep, fn_name = spec.rpartition(":")
+    if not sep or not mod_name or not fn_name:
+        raise CompareError(f"--inputs {spec!r}: expected MODULE:FUNCTION (MODULE a dotted "
+                           "name or a .py file), e.g. peerdsl.compare_recipes:allreduce_ll")
+    fn = getattr(import_module_spec(mod_name), fn_name, None)
+    if not callable(fn):
+        raise CompareError(f"--inputs {spec!r}: {mod_name} has no function {fn_name!r}")
+    return fn
+
+
+def default_recipe(op: str) -> Callable[[RunContext], RunCase] | None:
+    """The shipped recipe of `op` (a function of that name in compare_recipes), if any."""
+    from . import compare_recipes
+    fn = getattr(compare_recipes, op, None)
+    return fn if getattr(fn, "peerdsl_recipe", False) else None
+
+
+# ----------------------------------------------------------------------------- packing
+def check_dsl_args(entry: KernelEntry, values: dict[str, Any], rank: int) -> None:
+    """Every argument present, none unknown (peer tables by their base name or members)."""
+    tables = peer_tables(entry.args)
+    members = {m for ms in tables.values() for m in ms}
+    want = [n for n in [*tables, *(a.name for a in entry.args if a.name not in members)]]
+    missing = [n for n in want if n not in values
+               and not (n in tables and all(m in values for m in tables[n]))]
+    unknown = sorted(set(values) - set(want) - members)
+    if missing or unknown:
+        raise CompareError(f"recipe: rank {rank} DSL arguments for {entry.name}: missing "
+                           f"{missing}, unknown {unknown} (the kernel takes {want})")
+
+
+def pack_dsl(entry: KernelEntry, values: dict[str, Any], rank: int = 0) -> bytes:
+    check_dsl_args(entry, values, rank)
+    return entry.pack_plan().pack(values)
+
+
+def _is_pointer_like(v: Any) -> bool:
+    return v is None or hasattr(v, "data_ptr")
+
+
+def _param_spec(i: int, offset: int, size: int, v: Any) -> list[ArgSpec]:
+    """The ArgSpecs of reference parameter #i (a struct of k pointers is k of them)."""
+    name = f"p{i}"
+    if isinstance(v, Typed):
+        t = parse_type(v.type)
+        if t.size != size:
+            raise CompareError(f"reference parameter #{i} is {size} bytes in the code object; "
+                               f"the recipe gives it as {v.type} ({t.size} bytes)")
+        return [ArgSpec(name, t, offset, size)]
+    if isinstance(v, (list, tuple)):
+        if size % 8 or not 1 <= len(v) <= size // 8:
+            raise CompareError(f"reference parameter #{i} is {size} bytes; a list fills a "
+                               f"struct of pointers (8 bytes each), got {len(v)} entries")
+        if size == 8:
+            return [ArgSpec(name, parse_type("ptr"), offset, 8)]
+        return [ArgSpec(f"{name}_{j}", parse_type("ptr"), offset + 8 * j, 8)
+                for j in range(size // 8)]
+    kinds = {8: "ptr", 4: "i32", 2: "i16", 1: "i8"} if not isinstance(v, float) else {
+        8: "f64", 4: "f32"}
+    if isinstance(v, bool) or size not in kinds or (_is_pointer_like(v) and size != 8):
+        raise CompareError(f"reference parameter #{i}: {type(v).__name__} value for a "
+                           f"{size}-byte slot (use a list for a struct of pointers, or "
+                           "i32()/i64()/f32()/ptr() to say the type)")
+    kind = "i64" if kinds[size] == "ptr" and isinstance(v, int) and v < 0 else kinds[size]
+    return [ArgSpec(name, parse_type(kind), offset, size)]
+
+
+def ref_entry(symbol: str, code_object: Path, sha256: str, params: Sequence[tuple[int, int]],
+              sample: Sequence[Any], kernarg_size: int, block: int) -> KernelEntry:
+    """A KernelEntry for a foreign kernel: its cubin's parameter layout [(offset, size)],
+    typed from one rank's values, so PackPlan packs it as it packs the DSL's."""
+    if len(sample) != len(params):
+        raise CompareError(f"reference {symbol} takes {len(params)} parameters (offset, size: "
+                           f"{list(params)}); the recipe gives {len(sample)}")
+    specs = tuple(s for i, ((off, size), v) in enumerate(zip(params, sample))
+                  for s in _param_spec(i, off, size, v))
+    size = max(kernarg_size, max((o + s for o, s in params), default=0))
+    return KernelEntry(
+        name=f"reference:{symbol}", op="reference", symbol=symbol, path=Path(code_object),
+        sha256=sha256, constexprs={}, block_size=int(block), lds_bytes=0, dynamic_lds_bytes=0,
+        args=specs, kernarg_size=size, resources={}, cache_key="", raw={})
+
+
+def ref_values(entry: KernelEntry, values: Sequence[Any]) -> dict[str, Any]:
+    """Positional reference values as PackPlan's name -> value (p3=[...] for a table)."""
+    out: dict[str, Any] = {}
+    names = {a.name for a in entry.args}
+    for i, v in enumerate(values):
+        v = v.value if isinstance(v, Typed) else v
+        if isinstance(v, (list, tuple)) and f"p{i}" in names:
+            v = v[0]  # a one-pointer "struct"
+        out[f"p{i}"] = list(v) if isinstance(v, (list, tuple)) else v
+    return out
+
+
+def pack_ref(entry: KernelEntry, values: Sequence[Any]) -> bytes:
+    return entry.pack_plan().pack(ref_values(entry, values))
+
+
+# ----------------------------------------------------------------------------- report
+@dataclasses.dataclass
+class RunReport:
+    device: str
+    description: str
+    world: int
+    grid: int
+    blocks: tuple[int, int]                  # threads per block: DSL, reference
+    results: list[tuple[str, bool]]          # (what, byte-equal)
+    errors: list[str]                        # spin expiries read back from the Signals
+    latency_us: tuple[float, float] | None   # DSL, reference
+    timing: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(ok for _, ok in self.results) and not self.errors
+
+
+def format_report(r: RunReport) -> str:
+    lines = [f"--run on {r.device}: W={r.world} ranks as streams, grid={r.grid} per rank, "
+             f"block DSL {r.blocks[0]} / reference {r.blocks[1]}"
+             + (f"; {r.description}" if r.description else "")]
+    lines += [f"  {'OK  ' if ok else 'DIFF'} {what}" for what, ok in r.results]
+    lines += [f"  ERROR {e}" for e in r.errors]
+    if r.latency_us is not None:
+        d, ref = r.latency_us
+        ratio = f"{d / ref:.2f}" if ref > 0 else "-"
+        lines.append(f"  latency per call ({r.timing}): DSL {d:.1f} us, reference {ref:.1f} "
+                     f"us, DSL/ref {ratio}")
+    equal = sum(ok for _, ok in r.results)
+    lines.append(f"  {'PASS' if r.ok else 'FAIL'}: {equal}/{len(r.results)} byte-equal, "
+                 f"{len(r.errors)} spin errors")
+    return "\n".join(lines)
+
+
+def signal_errors(signals: Sequence[Any], who: str) -> list[str]:
+    """The first spin expiry each rank's Signal recorded (rank, block, wait, expected, seen)."""
     out = []
-    for r, s in enumerate(sigs):
-        e = s[layout.SIG_ERROR:layout.SIG_ERROR + 6].tolist()
+    for r, s in enumerate(signals):
+        e = [int(x) for x in s[layout.SIG_ERROR:layout.SIG_ERROR + 6].tolist()]
         if e[0]:
             out.append(f"{who} rank {r}: spin expired: rank {e[1]} block {e[2]} "
                        f"{layout.WAIT_NAMES.get(e[3], e[3])} expected {e[4]} saw {e[5]}")
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Bitwise equality of two bf16 tensors (NaN payloads included)."""
+def same_bytes(a: Any, b: Any) -> bool:
+    """Bitwise equality of two tensors of any dtype (NaN payloads included)."""
     import torch
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int16),
-                                              b.contiguous().view(torch.int16))
-
-
-def _time(torch: Any, streams: list[Any], launch_all: Any, iters: int) -> tuple[float, str]:
-    """Mean µs per call of all W ranks. Each call forks the rank streams from one stream and
-    joins them back (as a model step would). Timed as replays of a CUDA graph of `iters`
-    calls, so Python launch overhead is not measured; eager back-to-back calls if capture
-    fails."""
-    main = torch.cuda.Stream()
-
-    def calls() -> None:
-        cur = torch.cuda.current_stream()
-        for _ in range(iters):
-            fork = torch.cuda.Event()
-            fork.record(cur)
-            for s in streams:
-                s.wait_event(fork)
-            launch_all()
-            for s in streams:
-                join = torch.cuda.Event()
-                join.record(s)
-                cur.wait_event(join)
-
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=main):
-            calls()
-        g.replay()  # warm-up
-        torch.cuda.synchronize()
-        with torch.cuda.stream(main):
-            t0.record(main)
-            for _ in range(3):
-                g.replay()
-            t1.record(main)
-        torch.cuda.synchronize()
-        return t0.elapsed_time(t1) * 1000.0 / (3 * iters), f"CUDA graph of {iters} calls x 3"
-    except RuntimeError as e:  # capture not possible here: eager, launch cost included
-        print(f"  (graph capture failed: {e}; timing eager launches)")
-        torch.cuda.synchronize()
-        with torch.cuda.stream(main):
-            t0.record(main)
-            calls()
-            t1.record(main)
-        torch.cuda.synchronize()
-        return t0.elapsed_time(t1) * 1000.0 / iters, f"eager, {iters} calls"
-
-
-def run_both(args: argparse.Namespace, ref_cubin: str) -> int:
-    import torch
-    from .runtime.cuda.loader import CudaLoader
-    if not torch.cuda.is_available():
-        print("peerdsl compare --run: no CUDA device")
-        return 2
-    dev, W, H = torch.cuda.current_device(), args.W, args.H
-    # LL is for inputs up to 4 MiB: 256 rows of 6144 bf16 is 3 MiB
-    rows = args.rows or (1024 if args.op == "fused_ar_rms_1stage" else 256)
-    loader = CudaLoader(Path(args.build), device=dev)
-    from .compare import ref_symbol
-    ref = RefKernel(Path(ref_cubin), ref_symbol(args.op, args.T, H, W), dev)
-    if args.op == "fused_ar_rms_1stage":
-        dsl = loader.kernel(args.op, T=args.T, H=H, W=W)
-        work = rows
-    else:
-        dsl = loader.kernel(args.op, T=args.T, W=W)
-        work = (rows * H // 8 + 255) // 256
-    # every block of every rank must be resident at once (they wait on each other)
-    from .runtime.cuda._driver import check, driver
-    occ_dsl = int(check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        dsl.function, 256, 0), "occupancy"))
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    cap = sms * min(occ_dsl, ref.occupancy()) // W
-    grid = max(1, min(args.grid or layout.MAX_BLOCKS, work, layout.MAX_BLOCKS, cap))
-    g = torch.Generator(device="cuda").manual_seed(1234)
-    streams = [torch.cuda.Stream() for _ in range(W)]
-    x = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(W)]
-    sig_d, sig_r = _signals(torch, W), _signals(torch, W)
-    sigs_d, sigs_r = [s.data_ptr() for s in sig_d], [s.data_ptr() for s in sig_r]
-    xs = [t.data_ptr() for t in x]
-    # the DSL kernel reads its peers' inputs from a device table (RegisteredPtrs)
-    inp_table = torch.tensor(layout.peer_row(xs), dtype=torch.int64, device="cuda")
-    # arguments packed once per rank: the timed loop only launches
-    if args.op == "fused_ar_rms_1stage":
-        res = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16)
-               for _ in range(W)]
-        w = torch.randn(H, generator=g, device="cuda").to(torch.bfloat16)
-        eps = 1e-6
-        o_d, ro_d, o_r, ro_r = ([torch.empty_like(x[0]) for _ in range(W)] for _ in range(4))
-        q = torch.empty(rows, H, dtype=torch.int8, device="cuda")
-        scale = torch.empty(rows, dtype=torch.float32, device="cuda")
-        dsl_args = [dsl.entry.pack({
-            "inp": inp_table.data_ptr(), "residual": res[r], "weight": w, "out": o_d[r], "residual_out": ro_d[r],
-            "q": q, "scale": scale, "sig": sigs_d, "rank": r, "rows": rows, "eps": eps,
-            "flags": 0}, device=dev) for r in range(W)]
-        ref_args = [ref.pack([_table(xs), _p(res[r].data_ptr()), _p(w.data_ptr()),
-                              _p(o_r[r].data_ptr()), _p(ro_r[r].data_ptr()), _table(sigs_r),
-                              _i32(r), _i32(rows), struct.pack("<f", eps)]) for r in range(W)]
-        outputs = [("out", o_d, o_r), ("residual_out", ro_d, ro_r)]
-    else:
-        n_packs = rows * H // 8
-        lpp = 2 * n_packs
-        ll_d = [torch.zeros(2 * W * lpp * 4, dtype=torch.int32, device="cuda") for _ in range(W)]
-        ll_r = [torch.zeros_like(ll_d[0]) for _ in range(W)]
-        o_d, o_r = ([torch.empty_like(x[0]) for _ in range(W)] for _ in range(2))
-        dsl_args = [dsl.entry.pack({
-            "x": x[r], "out": o_d[r], "sig": sigs_d, "ll": [t.data_ptr() for t in ll_d],
-            "rank": r, "n_packs": n_packs, "lines_per_peer": lpp}, device=dev) for r in range(W)]
-        ref_args = [ref.pack([_p(xs[r]), _p(o_r[r].data_ptr()), _table(sigs_r),
-                              _table([t.data_ptr() for t in ll_r]), _i32(r), _i32(n_packs),
-                              _i32(lpp)]) for r in range(W)]
-        outputs = [("out", o_d, o_r)]
-
-    def launch_dsl() -> None:
-        for r in range(W):
-            dsl.launch(grid, dsl_args[r], stream=streams[r])
-
-    def launch_ref() -> None:
-        for r in range(W):
-            ref.launch(grid, ref_args[r], streams[r].cuda_stream)
-
-    torch.cuda.synchronize()
-    for s in streams:
-        s.wait_stream(torch.cuda.current_stream())  # inputs are ready
-    launch_dsl()
-    launch_ref()
-    torch.cuda.synchronize()
-    errs = _errors(sig_d, "DSL") + _errors(sig_r, "reference")
-    results: list[tuple[str, bool]] = []
-    for name, a, b in outputs:
-        results += [(f"{name} rank {r}: DSL == reference", _same(a[r], b[r])) for r in range(W)]
-    # exact recomputations the contract allows: rank-order f32 sum rounded once
-    acc = x[0].float()
-    for t in x[1:]:
-        acc = acc + t.float()
-    ar = acc.to(torch.bfloat16)
-    if args.op == "allreduce_ll":
-        results += [(f"out rank {r} == torch rank-order sum", _same(o_d[r], ar))
-                     for r in range(W)]
-    else:
-        results += [(f"residual_out rank {r} == torch",
-                     _same(ro_d[r], (ar.float() + res[r].float()).to(torch.bfloat16)))
-                    for r in range(W)]
-    t_dsl, how = _time(torch, streams, launch_dsl, args.iters)
-    t_ref, _ = _time(torch, streams, launch_ref, args.iters)
-    errs += _errors(sig_d, "DSL") + _errors(sig_r, "reference")
-    print(f"\n--run on {torch.cuda.get_device_name(dev)}: W={W} ranks as streams, rows={rows}, "
-          f"H={H}, grid={grid} per rank")
-    for what, ok in results:
-        print(f"  {'OK  ' if ok else 'DIFF'} {what}")
-    for e in errs:
-        print(f"  ERROR {e}")
-    print(f"  latency per call ({how}, fork/join of the rank streams each call): DSL {t_dsl:.1f} us, reference {t_ref:.1f} us, "
-          f"DSL/ref {t_dsl / t_ref:.2f}")
-    return 0 if all(ok for _, ok in results) and not errs else 1
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))

@@ -1,8 +1,10 @@
-"""Build the hand-written HIP reference kernels (reference/hip/*.hip) ahead of time.
+"""Build hand-written HIP kernels (reference/hip/*.hip, or any user .hip file) ahead of time.
 
-gfx1250 with Debian's clang-22 (`-x hip --cuda-device-only
--nogpulib -nogpuinc`, our own hip_min.h instead of ROCm's headers); sm_90 with the machine's
-nvcc through hip_to_cuda.h. Outputs per target under OUT/<arch>/:
+AMD (gfx1250, gfx950, gfx942) with Debian's clang-22 (`-x hip --cuda-device-only -nogpulib
+-nogpuinc`, our own hip_min.h instead of ROCm's headers); sm_90 with nvcc through
+hip_to_cuda.h. The headers (ref_common.h, hip_min.h, hip_to_cuda.h) ship inside the package
+(peerdsl/reference/include) and are always on the include path, so `#include "ref_common.h"`
+works from any directory without CPATH. Outputs per target under OUT/<arch>/:
 
     AMD:    <stem>.hsaco (code object) and <stem>.s (clang -S, the ISA text we count)
     NVIDIA: <stem>.cubin, <stem>.ptx and <stem>.ptxas.log (`ptxas -v`, the resources)
@@ -10,7 +12,8 @@ nvcc through hip_to_cuda.h. Outputs per target under OUT/<arch>/:
 Idempotent: a stamp beside the outputs holds a hash of the sources, headers, flags and
 compiler version; a matching stamp means nothing is rebuilt.
 
-    python -m peerdsl.reference_build [--arch gfx1250,sm_90] [-o build/reference] [FILE.hip ...]
+    python -m peerdsl.reference_build [--arch gfx1250,gfx942,sm_90] [-o build/reference]
+                                      [-I DIR] [FILE.hip ...]
 """
 from __future__ import annotations
 
@@ -27,9 +30,9 @@ from . import layout
 
 REPO = Path(__file__).resolve().parent.parent
 REF_DIR = REPO / "reference" / "hip"
+INCLUDE_DIR = Path(__file__).resolve().parent / "reference" / "include"  # package data
 DEFAULT_OUT = Path("build") / "reference"
-# gfx1250 only: the reference shuffles use wave32 DPP / v_permlanex16 (hip_min.h)
-AMD_ARCHS = ("gfx1250",)
+AMD_ARCHS = ("gfx1250", "gfx950", "gfx942")
 NVIDIA_ARCHS = ("sm_90",)
 # No a*b+c contraction anywhere: the DSL emits separate mul and add (SPEC 2 is exact).
 CLANG_FLAGS = ["-x", "hip", "-std=c++17", "--cuda-device-only", "-nogpulib", "-nogpuinc",
@@ -77,7 +80,10 @@ def missing_reason(arch: str) -> str | None:
             "clang-22 is not installed (apt-get install -y clang-22 lld-22 llvm-22; "
             "bookworm-security has them), or set PEERDSL_CLANG")
     if arch in NVIDIA_ARCHS:
-        return None if find_nvcc() else "nvcc is not on PATH (or set PEERDSL_NVCC)"
+        return None if find_nvcc() else (
+            "nvcc (the CUDA toolkit) is not on PATH, or set PEERDSL_NVCC: the sm_90 reference "
+            "is compiled from HIP through hip_to_cuda.h, which needs nvcc; the ptxas of the "
+            "nvidia-cuda-nvcc-cu12 package alone cannot compile C++")
     return f"unknown reference arch {arch!r} (have {AMD_ARCHS + NVIDIA_ARCHS})"
 
 
@@ -95,12 +101,21 @@ def _version(tool: str) -> str:
         return ""
 
 
+def include_flags(src: Path, include_dirs: tuple[Path, ...] = ()) -> list[str]:
+    """-I for the source's own directory, the caller's directories, then the package's
+    headers (last, so a user's own ref_common.h beside the source wins)."""
+    dirs = [src.parent, *(Path(d).resolve() for d in include_dirs), INCLUDE_DIR]
+    return [f"-I{d}" for d in dict.fromkeys(dirs)]
+
+
 def _stamp(src: Path, tool: str, flags: list[str]) -> str:
-    """Hash of everything the outputs depend on: the source, every header beside it (they
-    include each other), the flags and the compiler's version text."""
+    """Hash of everything the outputs depend on: the source, every header in its include
+    directories (they include each other), the flags and the compiler's version text."""
     h = hashlib.sha256()
-    for f in [src] + sorted(src.parent.glob("*.h")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    headers = [f for flag in flags if flag.startswith("-I")
+               for f in sorted(Path(flag[2:]).glob("*.h"))]
+    for f in [src] + headers:
+        h.update(str(f).encode() + b"\0" + f.read_bytes())
     h.update("\0".join(flags + [_version(tool)]).encode())
     return h.hexdigest()
 
@@ -110,12 +125,14 @@ def _fresh(stamp_file: Path, stamp: str, outputs: list[Path]) -> bool:
             and all(p.exists() for p in outputs))
 
 
-def build_amd(src: Path, arch: str = "gfx1250", out: Path = DEFAULT_OUT) -> RefArtifacts:
+def build_amd(src: Path, arch: str = "gfx1250", out: Path = DEFAULT_OUT,
+              include_dirs: tuple[Path, ...] = ()) -> RefArtifacts:
     clang = find_clang()
     if clang is None:
         raise ReferenceBuildError(missing_reason(arch) or "no clang")
-    src, d = Path(src).resolve(), Path(out) / arch
-    flags = CLANG_FLAGS + [f"--offload-arch={arch}", f"-I{src.parent}"] + layout_defines()
+    src, d = _source(src), Path(out) / arch
+    flags = (CLANG_FLAGS + [f"--offload-arch={arch}"] + include_flags(src, include_dirs)
+             + layout_defines())
     art = RefArtifacts(arch, src, d / f"{src.stem}.hsaco", d / f"{src.stem}.s")
     stamp, stamp_file = _stamp(src, clang, flags), d / f"{src.stem}.stamp"
     if _fresh(stamp_file, stamp, [art.code_object, art.isa]):
@@ -127,12 +144,13 @@ def build_amd(src: Path, arch: str = "gfx1250", out: Path = DEFAULT_OUT) -> RefA
     return art
 
 
-def build_nvidia(src: Path, arch: str = "sm_90", out: Path = DEFAULT_OUT) -> RefArtifacts:
+def build_nvidia(src: Path, arch: str = "sm_90", out: Path = DEFAULT_OUT,
+                 include_dirs: tuple[Path, ...] = ()) -> RefArtifacts:
     nvcc = find_nvcc()
     if nvcc is None:
         raise ReferenceBuildError(missing_reason(arch) or "no nvcc")
-    src, d = Path(src).resolve(), Path(out) / arch
-    flags = NVCC_FLAGS + [f"-I{src.parent}"] + layout_defines()
+    src, d = _source(src), Path(out) / arch
+    flags = NVCC_FLAGS + include_flags(src, include_dirs) + layout_defines()
     art = RefArtifacts(arch, src, d / f"{src.stem}.cubin", d / f"{src.stem}.ptx",
                        d / f"{src.stem}.ptxas.log")
     stamp, stamp_file = _stamp(src, nvcc, flags), d / f"{src.stem}.stamp"
@@ -146,11 +164,19 @@ def build_nvidia(src: Path, arch: str = "sm_90", out: Path = DEFAULT_OUT) -> Ref
     return art
 
 
-def build(src: Path, arch: str, out: Path = DEFAULT_OUT) -> RefArtifacts:
+def _source(src: Path) -> Path:
+    src = Path(src).resolve()
+    if not src.is_file():
+        raise ReferenceBuildError(f"reference source {src} does not exist")
+    return src
+
+
+def build(src: Path, arch: str, out: Path = DEFAULT_OUT,
+          include_dirs: tuple[Path, ...] = ()) -> RefArtifacts:
     if arch in AMD_ARCHS:
-        return build_amd(src, arch, out)
+        return build_amd(src, arch, out, include_dirs)
     if arch in NVIDIA_ARCHS:
-        return build_nvidia(src, arch, out)
+        return build_nvidia(src, arch, out, include_dirs)
     raise ReferenceBuildError(missing_reason(arch) or arch)
 
 
@@ -161,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", default="gfx1250,sm_90", help="comma-separated targets")
     p.add_argument("-o", "--out", default=str(DEFAULT_OUT))
     p.add_argument("--strict", action="store_true", help="fail when a compiler is missing")
+    p.add_argument("-I", "--include", action="append", default=[], metavar="DIR",
+                   help="another include directory (the package's headers are always used)")
     a = p.parse_args(argv)
     sources = [Path(s) for s in a.sources] or sorted(REF_DIR.glob("*.hip"))
     rc = 0
@@ -172,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for src in sources:
             try:
-                art = build(src, arch, Path(a.out))
+                art = build(src, arch, Path(a.out), tuple(Path(d) for d in a.include))
             except ReferenceBuildError as e:
                 print(f"{arch}: {e}", file=sys.stderr)
                 return 1

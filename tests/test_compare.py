@@ -1,155 +1,262 @@
-"""`peerdsl compare`: instruction-class counting, and DSL vs the HIP reference on gfx1250.
+"""`peerdsl compare` static: any op (shipped or a user's) beside any HIP file.
 
-The counting tests are pure text and always run. The end-to-end test needs clang-22 (the
-reference build) and the MLIR bindings (the DSL build); it skips, saying which, when either
-is missing (CI does not install clang-22).
+The end-to-end tests need clang-22 (the reference build; .ci/run installs it) and the MLIR
+bindings (the DSL build); they skip, saying which, when either is missing. sm_90 needs nvcc.
 """
 from __future__ import annotations
 
 import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
 from peerdsl import cli
-from peerdsl import compare as C
+from peerdsl import compare_sides as cs
 from peerdsl import reference_build as rb
+from peerdsl.compare_run import CompareError
 
-AMD_SNIPPET = """\
-	.globl	k
-k:                                      ; @k
-	s_load_b256 s[4:11], s[0:1], 0x0
-	s_wait_kmcnt 0x0
-	global_load_b128 v[0:3], v4, s[4:5]
-	global_load_b128 v[4:7], v4, s[6:7] scope:SCOPE_SYS
-	global_load_b64 v[8:9], v4, s[8:9]
-	global_load_b32 v10, v4, s[10:11] th:TH_LOAD_NT scope:SCOPE_SYS
-	global_load_u16 v11, v4, s[10:11]
-	s_wait_loadcnt 0x0
-	global_store_b128 v4, v[0:3], s[4:5]
-	global_store_b32 v4, v10, s[4:5] scope:SCOPE_SYS
-	global_atomic_add_u32 v12, v4, v13, s[8:9] th:TH_ATOMIC_RETURN scope:SCOPE_SYS
-	global_wb scope:SCOPE_SYS
-	global_inv scope:SCOPE_SYS
-	ds_store_b32 v4, v10
-	s_barrier_signal -1
-	s_barrier_wait -1
-	s_cbranch_execz .LBB0_2
-; %bb.1:
-	s_branch .LBB0_2
-.LBB0_2:                                ; comment only
-	s_endpgm
-.Lfunc_end0:
-	.size	k, .Lfunc_end0-k
-other:
-	global_load_b128 v[0:3], v4, s[4:5]
-"""
+REPO = Path(__file__).resolve().parent.parent
 
 
-def test_count_amd_classes():
-    c = C.count_amd(C.function_lines(AMD_SNIPPET, "k"))
-    assert c["global load b128"] == 2 and c["global load b64"] == 1
-    assert c["global load b32"] == 1 and c["global load other"] == 1
-    assert c["global store b128"] == 1 and c["global store b32"] == 1
-    assert c["atomics"] == 1 and c["cache wb/inv"] == 2 and c["LDS (ds_*)"] == 1
-    assert c["waits (s_wait*)"] == 2 and c["barriers"] == 2 and c["branches"] == 2
-    assert c["scalar loads"] == 1
-    assert c["total"] == 19  # `other` is not part of k; labels and directives are not counted
-
-
-def test_count_amd_objdump_form():
-    text = ("0000000000001600 <k>:\n"
-            "\tglobal_load_b128 v[0:3], v4, s[4:5]                        // 000000001600: EE\n"
-            "\ts_endpgm                                                   // 000000001608: BF\n"
-            "0000000000001700 <next>:\n\ts_endpgm\n")
-    c = C.count_amd(C.function_lines(text, "k"))
-    assert c["global load b128"] == 1 and c["total"] == 2
-
-
-PTX_SNIPPET = """\
-.visible .entry k(
-	.param .u64 k_param_0
-)
-{
-	ld.param.u64 	%rd1, [k_param_0];
-	ld.global.v4.u32 	{%r1, %r2, %r3, %r4}, [%rd1];
-	ld.acquire.sys.b32 %r5,[%rd1];
-	ld.volatile.global.v4.b32 {%r1,%r2,%r3,%r4}, [%rd1];
-	st.global.v4.u32 	[%rd1], {%r1, %r2, %r3, %r4};
-	st.release.sys.b32 	[%rd1], %r5;
-	{  cvt.rn.bf16.f32 %rs9, %f35;}
-	atom.cas.acq_rel.sys.b32 %r6, [%rd1], 0, 1;
-	ld.shared.f32 %f1, [%r7];
-	bar.sync 	0;
-	@%p1 bra 	$L__BB0_2;
-$L__BB0_2:
-	ret;
-}
-"""
-
-
-def test_count_ptx_classes():
-    c = C.count_ptx(C.ptx_function(PTX_SNIPPET, "k"))
-    assert c["global load b128"] == 2 and c["global load b32"] == 1
-    assert c["global store b128"] == 1 and c["global store b32"] == 1
-    assert c["atomics"] == 1 and c["LDS (ds_*)"] == 1 and c["barriers"] == 1
-    assert c["branches"] == 1
-    assert c["total"] == 12  # ld.param counts as an instruction, not as a global load
-
-
-def test_reference_layout_defaults_match_layout_py():
-    """ref_common.h's fallback constants (a hand build) must equal layout.py's."""
-    text = (rb.REF_DIR / "ref_common.h").read_text()
-    for d in rb.layout_defines():
-        name, value = d[2:].split("=")
-        m = re.search(rf"#define {name} (\d+)", text)
-        assert m and int(m.group(1)) == int(value), name
-
-
-def test_ref_symbols():
-    assert C.ref_symbol("fused_ar_rms_1stage", "bf16", 6144, 4) == \
-        "fused_ar_rms_1stage_bf16_h6144_w4"
-    assert C.ref_symbol("allreduce_ll", "bf16", 6144, 8) == "allreduce_ll_bf16_w8"
-
-
-def _need_tools() -> None:
-    why = rb.missing_reason("gfx1250")
+def _need(arch: str = "gfx1250") -> None:
+    why = rb.missing_reason(arch)
     if why:
         pytest.skip(f"HIP reference not buildable here: {why}")
     if importlib.util.find_spec("flydsl") is None:
         pytest.skip("DSL build needs the MLIR bindings (pip install flydsl==0.5.0)")
 
 
+def _row(out: str, label: str) -> tuple[int, int]:
+    """The DSL and reference numbers of one table row (both must be ints)."""
+    m = re.search(rf"^{re.escape(label)}\s+(-?\d+)\s+(-?\d+)(\s+[+-]\d+)?\s*$", out, re.M)
+    assert m, f"no integer row {label!r} in:\n{out}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def _compare(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(["compare", *argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+# ----------------------------------------------------------------------------- headers
+def test_reference_layout_defaults_match_layout_py():
+    """ref_common.h's fallback constants (a hand build) must equal layout.py's."""
+    text = (rb.INCLUDE_DIR / "ref_common.h").read_text()
+    for d in rb.layout_defines():
+        name, value = d[2:].split("=")
+        m = re.search(rf"#define {name} (\d+)", text)
+        assert m and int(m.group(1)) == int(value), name
+
+
+def test_headers_ship_once_inside_the_package():
+    for h in ("ref_common.h", "hip_min.h", "hip_to_cuda.h"):
+        copies = [p for p in REPO.rglob(h) if ".git" not in p.parts and "build" not in p.parts]
+        assert copies == [rb.INCLUDE_DIR / h], copies
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"reference/include/*.h"' in pyproject  # package data: installs carry them
+
+
+USER_HIP = """\
+#include "ref_common.h"
+// out = x * factor over 16-byte bf16 packs (the user op below, written by hand)
+extern "C" __global__ REF_LAUNCH_BOUNDS(256) void user_scale_bf16(
+    const hip_bfloat16* x, hip_bfloat16* out, int n_packs, float factor) {
+  for (int i = ref_block_id() * 256 + ref_thread_id(); i < n_packs;
+       i += ref_num_blocks(256) * 256) {
+    F8 f = unpack(((const gvec*)x)[i]);
+    for (int j = 0; j < 8; ++j) f.v[j] = f.v[j] * factor;
+    ((gvec*)out)[i] = pack_rne(f);
+  }
+}
+"""
+
+USER_MODULE = """\
+from peerdsl import dsl
+from peerdsl.dsl import Ptr, constexpr
+from peerdsl.ops.registry import register
+
+
+@dsl.kernel(block_size=256)
+def user_scale(x: Ptr["T"], out: Ptr["T"], n_packs: dsl.i32, factor: dsl.f32, T: constexpr):
+    P = dsl.vec16(T)
+    px, po = x.cast(P), out.cast(P)
+    for i in range(dsl.block_id() * 256 + dsl.thread_id(), n_packs, dsl.num_blocks() * 256):
+        po[i] = dsl.pack_rne([v * factor for v in px[i].to_f32()], T)
+
+
+register("user_scale", user_scale, lambda target: [{"T": dsl.bf16}, {"T": dsl.f16}])
+"""
+
+
+@pytest.fixture
+def user_files(tmp_path):
+    """A user's op module and hand-written .hip in a directory of their own; the op leaves
+    the registry afterwards (each test imports the module afresh, as each CLI run does)."""
+    from peerdsl.ops.registry import REGISTRY
+    (tmp_path / "user_ops.py").write_text(USER_MODULE)
+    (tmp_path / "scale.hip").write_text(USER_HIP)
+    yield tmp_path
+    REGISTRY.pop("user_scale", None)
+
+
+def test_out_of_tree_hip_builds_without_cpath(user_files, monkeypatch):
+    if rb.find_clang() is None:
+        pytest.skip(rb.missing_reason("gfx1250"))
+    monkeypatch.delenv("CPATH", raising=False)
+    for arch in ("gfx1250", "gfx942"):
+        art = rb.build(user_files / "scale.hip", arch, user_files / "ref")
+        assert art.code_object.read_bytes()[:4] == b"\x7fELF"
+        assert "user_scale_bf16" in art.isa.read_text()
+
+
+# ----------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("op", ["fused_ar_rms_1stage", "allreduce_ll"])
-def test_compare_gfx1250(op, tmp_path_factory, capsys):
-    _need_tools()
-    root = tmp_path_factory.mktemp("cmp")
-    assert cli.main(["build", "--arch", "gfx1250", "--ops", op, "-o", str(root / "dsl"),
+def test_compare_shipped_op_gfx1250(op, tmp_path, capsys):
+    _need()
+    assert cli.main(["build", "--arch", "gfx1250", "--ops", op, "-o", str(tmp_path / "dsl"),
                      "-q"]) == 0
     capsys.readouterr()
-    rc = cli.main(["compare", op, "--arch", "gfx1250", "--build", str(root / "dsl"),
-                   "--ref-build", str(root / "ref"), "--ref", str(rb.REF_DIR / f"{op}.hip")])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    dsl_sym = re.search(rf"^kernel\s+({op}_[0-9a-f]+)\s+(\S+)", out, re.M)
-    assert dsl_sym, out
-    assert dsl_sym.group(2) == C.ref_symbol(op, "bf16", 6144, 4)
-    for cls in ("VGPRs", "SGPRs", "LDS bytes", "scratch bytes", "global load b128",
-                "global store b128", "atomics", "waits (s_wait*)", "barriers", "branches",
-                "total"):
-        row = re.search(rf"^{re.escape(cls)}\s+(\d+)\s+(\d+)\s*$", out, re.M)
-        assert row, f"no row {cls!r} in:\n{out}"
-    # both kernels do real 16-byte traffic and meet at barriers
-    b128 = re.search(r"^global load b128\s+(\d+)\s+(\d+)", out, re.M)
-    assert int(b128.group(1)) > 0 and int(b128.group(2)) > 0
+    rc, out, err = _compare(capsys, op, "--arch", "gfx1250", "--build", str(tmp_path / "dsl"),
+                            "--ref-build", str(tmp_path / "ref"))
+    assert rc == 0, err
+    want = "fused_ar_rms_1stage_bf16_h6144_w4" if op == "fused_ar_rms_1stage" else \
+        "allreduce_ll_bf16_w4"  # the recipe's default variant, picked by name
+    assert re.search(rf"^kernel\s+{op}_[0-9a-f]{{10}}\s+{want}\s*$", out, re.M), out
+    assert f"manifest {tmp_path / 'dsl'}" in out  # from the manifest, not compiled again
+    for label in ("VGPRs", "AGPRs", "SGPRs", "LDS bytes", "scratch bytes", "VGPR spills",
+                  "occupancy (waves/SIMD)", "code bytes", "instructions", "waits",
+                  "barriers", "VALU (v_*)", "SALU (s_*)"):
+        _row(out, label)
+    vgpr_dsl, vgpr_ref = _row(out, "VGPRs")
+    assert 0 < vgpr_dsl <= 256 and 0 < vgpr_ref <= 256
+    occ = _row(out, "occupancy (waves/SIMD)")
+    assert all(1 <= o <= 16 for o in occ)
+    assert all(n > 0 for n in _row(out, "  global_load_b128"))  # real 16-byte traffic
+    assert all(n > 0 for n in _row(out, "  global_store_b128"))
+    assert all(n > 0 for n in _row(out, "  s_wait_loadcnt"))
+    assert all(n > 0 for n in _row(out, "atomics"))
     # the reference build is idempotent: a second build leaves the code object alone
-    art = rb.build_amd(rb.REF_DIR / f"{op}.hip", "gfx1250", root / "ref")
+    art = rb.build_amd(rb.REF_DIR / f"{op}.hip", "gfx1250", tmp_path / "ref")
     mtime = art.code_object.stat().st_mtime_ns
-    assert rb.build_amd(rb.REF_DIR / f"{op}.hip", "gfx1250", root / "ref").code_object \
+    assert rb.build_amd(rb.REF_DIR / f"{op}.hip", "gfx1250", tmp_path / "ref").code_object \
         .stat().st_mtime_ns == mtime
 
 
-def test_missing_clang_is_a_clear_reason(monkeypatch):
+def test_compare_user_op_with_user_hip_through_the_cache(user_files, tmp_path, capsys):
+    """Any op, any HIP file: a user module's op, no manifest, a hand-written .hip."""
+    _need()
+    args = ["user_scale", "--module", str(user_files / "user_ops.py"), "--ref",
+            str(user_files / "scale.hip"), "--arch", "gfx1250", "-c", "T=bf16",
+            "--build", str(tmp_path / "nothing"), "--ref-build", str(tmp_path / "ref")]
+    rc, out, err = _compare(capsys, *args)
+    assert rc == 0, err
+    assert "kernel user_scale_bf16: the only kernel in the file" in out
+    assert "compiled through the build cache" in out
+    assert f"peerdsl build --arch gfx1250 --module {user_files / 'user_ops.py'} --ops " \
+           f"user_scale -o {tmp_path / 'nothing'}" in out
+    assert re.search(r"^kernel\s+user_scale_[0-9a-f]{10}\s+user_scale_bf16\s*$", out, re.M)
+    assert _row(out, "  global_load_b128") == (1, 1)  # one 16-byte load per pack, each side
+    assert _row(out, "  global_store_b128") == (1, 1)
+    assert _row(out, "atomics") == (0, 0) and _row(out, "LDS bytes") == (0, 0)
+    assert all(v > 0 for v in _row(out, "VGPRs"))
+    assert _row(out, "kernarg bytes")[0] == 24  # x, out, n_packs, factor
+    # a second run finds the variant in the cache; --markdown gives a table
+    rc, out2, _ = _compare(capsys, *args, "--markdown", "--ref-symbol", "user_scale_{T}")
+    assert rc == 0 and "cache hit" in out2 and "| VGPRs |" in out2
+
+
+def test_compare_sm90_static(tmp_path, capsys):
+    _need("sm_90")
+    rc, out, err = _compare(capsys, "allreduce_ll", "--arch", "sm_90", "--build",
+                            str(tmp_path / "none"), "--ref-build", str(tmp_path / "ref"))
+    assert rc == 0, err
+    assert all(0 < r <= 255 for r in _row(out, "registers"))
+    assert all(n > 0 for n in _row(out, "  ld.global.b128"))
+    assert _row(out, "param bytes")[0] == _row(out, "param bytes")[1]  # the same signature
+    assert all(n > 0 for n in _row(out, "code bytes (SASS)"))
+
+
+# ----------------------------------------------------------------------------- errors
+def test_missing_build_without_mlir_says_how_to_build(tmp_path, capsys, monkeypatch):
+    if rb.find_clang() is None:
+        pytest.skip(rb.missing_reason("gfx1250"))
+    from peerdsl.lowering import build
+
+    def no_mlir(*a, **k):
+        raise ModuleNotFoundError("No module named 'flydsl'")
+    monkeypatch.setattr(build, "compile_cached", no_mlir)  # a machine without the bindings
+    rc, out, err = _compare(capsys, "allreduce_ll", "--arch", "gfx1250", "--build",
+                            str(tmp_path / "b"), "--ref-build", str(tmp_path / "ref"))
+    assert rc == 2
+    assert f"manifest path does not exist: {tmp_path / 'b'}" in err
+    assert f"peerdsl build --arch gfx1250 [--module FILE_OR_MODULE] --ops allreduce_ll -o " \
+           f"{tmp_path / 'b'}" in err
+    assert not (tmp_path / "ref").exists()  # nothing written
+
+
+def test_bad_inputs_are_named(user_files, tmp_path, capsys):
+    if rb.find_clang() is None:
+        pytest.skip(rb.missing_reason("gfx1250"))
+    base = ["--arch", "gfx1250", "--build", str(tmp_path / "b"), "--ref-build",
+            str(tmp_path / "ref"), "--ref", str(user_files / "scale.hip")]
+    rc, _, err = _compare(capsys, "no_such_op", *base)
+    assert rc == 2 and "unknown op 'no_such_op'" in err and "--module" in err
+    rc, _, err = _compare(capsys, "user_scale", "--module", str(user_files / "user_ops.py"),
+                          *base)
+    assert rc == 2 and "matches 2 variants of user_scale" in err  # T not given
+    rc, _, err = _compare(capsys, "user_scale", "--module", str(user_files / "user_ops.py"),
+                          "-c", "T=bf16,N=3", *base)
+    assert rc == 2 and "unknown ['N']" in err
+    bad = tmp_path / "bad_ops.py"
+    bad.write_text("x = 1\nraise ValueError('broken on purpose')\n")
+    rc, _, err = _compare(capsys, "user_scale", "--module", str(bad), *base)
+    assert rc == 2 and f"importing {bad} failed at {bad}:2: ValueError: broken" in err
+    rc, _, err = _compare(capsys, "allreduce_ll", "--arch", "gfx1250", "--run")
+    assert rc == 2 and "--run needs --arch sm_90" in err
+    rc, _, err = _compare(capsys, "vector_add", "--arch", "sm_90", "--run")
+    assert rc == 2 and "--inputs MODULE:FUNCTION" in err
+    rc, _, err = _compare(capsys, "allreduce_ll", "--arch", "gfx1250", "--ref",
+                          str(tmp_path / "missing.hip"))
+    assert rc == 2 and "no reference source" in err
+
+
+def test_pick_ref_symbol_rules():
+    names = ["fused_ar_rms_1stage_bf16_h4096_w4", "fused_ar_rms_1stage_bf16_h6144_w4",
+             "fused_ar_rms_1stage_bf16_h6144_w8"]
+    cx = {"T": "bf16", "H": 6144, "W": 4, "FP8": "e4m3fn"}
+    assert cs.pick_ref_symbol(names, "fused_ar_rms_1stage", cx, None)[0] == names[1]
+    assert cs.pick_ref_symbol(names, "x", cx, "fused_ar_rms_1stage_{T}_h{H}_w8")[0] == names[2]
+    with pytest.raises(CompareError, match="not a kernel of the reference"):
+        cs.pick_ref_symbol(names, "x", cx, "other")
+    with pytest.raises(CompareError, match="pass --ref-symbol"):
+        cs.pick_ref_symbol(names[1:], "fused_ar_rms_1stage", {"H": 6144}, None)
+    assert cs.pick_ref_symbol(["a", "myop"], "myop", {}, None) == ("myop", "named as the op")
+
+
+def test_parse_constexprs():
+    assert cs.parse_constexprs(["H=6144", "T=bf16,W=4", "eps=1e-6", "FLAG=true"]) == {
+        "H": 6144, "T": "bf16", "W": 4, "eps": 1e-6, "FLAG": True}
+    with pytest.raises(CompareError, match="NAME=VALUE"):
+        cs.parse_constexprs(["H"])
+
+
+def test_missing_clang_is_a_clear_reason(monkeypatch, capsys):
     monkeypatch.setattr(rb, "find_clang", lambda: None)
     assert "clang-22" in rb.missing_reason("gfx1250")
-    assert cli.main(["compare", "allreduce_ll", "--arch", "gfx1250"]) == 2
+    rc, _, err = _compare(capsys, "allreduce_ll", "--arch", "gfx1250")
+    assert rc == 2 and "clang-22 is not installed" in err
+
+
+def test_missing_nvcc_is_a_clear_reason(monkeypatch, capsys):
+    monkeypatch.setattr(rb, "find_nvcc", lambda: None)
+    rc, _, err = _compare(capsys, "allreduce_ll", "--arch", "sm_90")
+    assert rc == 2 and "needs nvcc" in err
+
+
+def test_shipped_build_script_uses_the_package_headers():
+    script = (REPO / "reference" / "hip" / "build.sh").read_text()
+    assert "python -m peerdsl.reference_build" in script
+    flags = rb.include_flags(rb.REF_DIR / "allreduce_ll.hip")
+    assert flags[-1] == f"-I{rb.INCLUDE_DIR}" and flags[0] == f"-I{rb.REF_DIR}"

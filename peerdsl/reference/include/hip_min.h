@@ -37,10 +37,15 @@ __device__ __forceinline__ void __syncthreads() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
-// x of lane (lane ^ mask) inside 32-lane groups (wave32 on gfx1250): DPP row_xmask for masks
-// below 16 (inside a 16-lane row), v_permlanex16 (the other row, same lane) for 16.
+// x of lane (lane ^ mask) inside 32-lane groups. gfx1250 (wave32): DPP row_xmask for masks
+// below 16 (inside a 16-lane row), v_permlanex16 (the other row, same lane) for 16. The
+// wave64 targets (gfx942, gfx950) have no v_permlanex16: ds_bpermute by lane ^ mask there.
 __device__ __forceinline__ float ref_shfl_xor(float x, int mask) {
   int v = __builtin_bit_cast(int, x), r;
+#if defined(__gfx942__) || defined(__gfx950__)
+  int lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  r = __builtin_amdgcn_ds_bpermute((lane ^ mask) << 2, v);
+#else
   switch (mask) {
     case 16: r = __builtin_amdgcn_permlanex16(v, v, 0x76543210, 0xfedcba98, false, false); break;
     case 8: r = __builtin_amdgcn_update_dpp(v, v, 0x168, 0xf, 0xf, false); break;
@@ -48,6 +53,7 @@ __device__ __forceinline__ float ref_shfl_xor(float x, int mask) {
     case 2: r = __builtin_amdgcn_update_dpp(v, v, 0x162, 0xf, 0xf, false); break;
     default: r = __builtin_amdgcn_update_dpp(v, v, 0x161, 0xf, 0xf, false); break;
   }
+#endif
   return __builtin_bit_cast(float, r);
 }
 
