@@ -29,6 +29,9 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 # by the compare work (issue 13 item 4); these keys are this example's proposal.
 def inputs(world: int, constexprs: dict, rows: int | None = None, device: str = "cuda",
            seed: int = 1234, eps: float = 1e-6) -> dict:
+    """{"args": per-rank kernel arguments by name, "outputs": the names to compare,
+    "work": rows (the largest useful grid: one block per row), "expected": per-rank exact
+    outputs by name}, for `world` ranks and the variant `constexprs` (T, H)."""
     H, T = int(constexprs["H"]), DTYPES[str(constexprs.get("T", "bf16"))]
     rows = rows or 1024
     xs, residuals, bias, weight = reference.make_inputs(world, rows, H, T, seed)

@@ -80,7 +80,7 @@ def rank_main(rank: int, world: int, port: int, build: str, hidden: list[int],
 
 def table(reports: list[dict]) -> str:
     """Max over ranks of each rank's median, per shape."""
-    lines = ["| shape | fused us | unfused us (all_reduce + bias + add_rmsnorm) | unfused / fused |",
+    lines = ["| shape | fused us | unfused us (all-reduce, + bias, add+RMSNorm) | unfused/fused |",
              "|---|---|---|---|"]
     for tag in reports[0]["us"]:
         f = max(r["us"][tag]["fused"] for r in reports)
