@@ -78,7 +78,7 @@ def test_gfx1250_build(fresh_cache, cx):
     assert side["scratch bytes"] == 0 and side["spills"] == 0
     assert 0 < side["VGPRs"] <= 512 and 0 < side["SGPRs"] <= 106
     assert side["LDS bytes"] == 32 * 4  # dsl.block_sum's 32 f32 partials, nothing else
-    assert side["global load b128"] > 0 and side["global store b128"] > 0  # 16-byte packs
+    assert side["global loads|global_load_b128"] > 0 and side["global stores|global_store_b128"] > 0  # 16-byte packs
     assert side["barriers"] > 0 and side["atomics"] > 0  # the block reduction, the Signal
     assert k.block_size == 256
     names = [a["name"] for a in k.args]
@@ -97,7 +97,7 @@ def test_hip_twin_builds_for_gfx1250(tmp_path):
             side = check_build.amd_side(code, isa, f"ar_bias_rmsnorm_bf16_h{H}_w{W}")
             assert side["mach"] == hex(0x49)
             assert side["scratch bytes"] == 0 and side["spills"] == 0
-            assert side["LDS bytes"] == 32 * 4 and side["global load b128"] > 0
+            assert side["LDS bytes"] == 32 * 4 and side["global loads|global_load_b128"] > 0
 
 
 def test_inputs_recipe_gives_the_kernel_bytes_on_the_simulator():

@@ -51,7 +51,8 @@ def compile_hip(out_dir: Path, arch: str = "gfx1250") -> tuple[Path, str]:
     if clang is None:
         raise RuntimeError("clang++-22 is not on PATH (apt-get install clang-22 lld-22, or set "
                            "PEERDSL_CLANG)")
-    flags = CLANG_FLAGS + [f"--offload-arch={arch}", f"-I{REPO / 'reference' / 'hip'}"]
+    from peerdsl.reference_build import include_flags  # ref_common.h ships with peerdsl
+    flags = CLANG_FLAGS + [f"--offload-arch={arch}"] + include_flags(HIP)
     hsaco, asm = out_dir / "ar_bias_rmsnorm.hsaco", out_dir / "ar_bias_rmsnorm.s"
     for extra, dst in (([], hsaco), (["-S"], asm)):
         p = subprocess.run([clang, *flags, *extra, str(HIP), "-o", str(dst)],
@@ -76,7 +77,7 @@ def amd_side(code: bytes, isa: str, symbol: str) -> dict:
     """Resources from the code object's metadata note, instruction classes from the ISA."""
     # PUBLIC-API: the static table of `peerdsl compare ar_bias_rmsnorm --ref FILE.hip
     #             --arch gfx1250 --constexpr T=bf16 H=6144 W=4` (one row per side)
-    from peerdsl.compare import count_amd, function_lines
+    from peerdsl.isa_stats import count_amd, function_lines
     from peerdsl.lowering.codeobject import read_amd
     info = read_amd(code, symbol)
     r = info.resources
