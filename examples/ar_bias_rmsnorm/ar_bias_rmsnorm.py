@@ -1,5 +1,6 @@
 """All-reduce + bias + residual + RMSNorm in one kernel: a new fused collective written only
-with the public DSL (`from peerdsl import dsl`). docs/TUTORIAL.md walks through it.
+with the public DSL (`import peerdsl
+from peerdsl import dsl`). docs/TUTORIAL.md walks through it.
 
 For every row, with T the tensor dtype (bf16 or f16), f32 arithmetic and round-to-nearest-even
 wherever a value is rounded to T (SPEC section 2's style):
@@ -22,6 +23,7 @@ registered input, and Signal end (no rank may overwrite its input while a peer s
 """
 from __future__ import annotations
 
+import peerdsl
 from peerdsl import dsl
 from peerdsl.dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 
@@ -115,10 +117,4 @@ def variants(target) -> list[dict]:
     return [{"T": T, "H": H, "W": W} for T in DTYPES for H in HIDDEN for W in WORLDS]
 
 
-def register_op(name, kernel, variants) -> None:
-    # PUBLIC-API: peerdsl.register_op(name, kernel, variants)
-    from peerdsl.ops.registry import register
-    register(name, kernel, variants)
-
-
-register_op("ar_bias_rmsnorm", ar_bias_rmsnorm, variants)
+peerdsl.register_op("ar_bias_rmsnorm", ar_bias_rmsnorm, variants)

@@ -1,6 +1,6 @@
 """Step 3 of the tutorial: build ar_bias_rmsnorm for gfx1250 and put it beside its HIP twin.
 
-    python3 examples/ar_bias_rmsnorm/check_build.py [--arch gfx1250] [--constexpr T=bf16 H=6144 W=4]
+    python3 examples/ar_bias_rmsnorm/check_build.py [--arch gfx1250] [--constexpr T=bf16 --constexpr H=6144 --constexpr W=4]
     python3 examples/ar_bias_rmsnorm/check_build.py --all     # every variant: max VGPR, spills
 
 Prints, for the DSL kernel and the HIP kernel of the same shape: VGPRs, SGPRs, LDS, scratch,
@@ -31,14 +31,8 @@ CLANG_FLAGS = ["-x", "hip", "-std=c++17", "--cuda-device-only", "-nogpulib", "-n
 
 def compile_dsl(target: str, **constexprs) -> types.SimpleNamespace:
     """The DSL kernel compiled for `target`: .name .code .isa .resources .lds_bytes ..."""
-    # PUBLIC-API: return peerdsl.compile(ar_bias_rmsnorm, target, **constexprs)
-    from peerdsl.lowering.build import compile_cached
-    kb = compile_cached("ar_bias_rmsnorm", ar_bias_rmsnorm, constexprs, target)
-    e = kb.entry
-    return types.SimpleNamespace(name=kb.instance, target=target, code=kb.code, isa=kb.isa,
-                                 args=e["args"], kernarg_size=e["kernarg_size"],
-                                 block_size=e["block_size"], lds_bytes=e["lds_bytes"],
-                                 resources=e["resources"], cached=kb.cached)
+    import peerdsl
+    return peerdsl.compile(ar_bias_rmsnorm, target, **constexprs)
 
 
 def find_clang() -> str | None:
@@ -75,8 +69,8 @@ def code_size(code: bytes, symbol: str) -> int:
 
 def amd_side(code: bytes, isa: str, symbol: str) -> dict:
     """Resources from the code object's metadata note, instruction classes from the ISA."""
-    # PUBLIC-API: the static table of `peerdsl compare ar_bias_rmsnorm --ref FILE.hip
-    #             --arch gfx1250 --constexpr T=bf16 H=6144 W=4` (one row per side)
+    # the rows `peerdsl compare ar_bias_rmsnorm --ref FILE.hip
+    #             --arch gfx1250 --constexpr T=bf16 --constexpr H=6144 --constexpr W=4` (one row per side)
     from peerdsl.isa_stats import count_amd, function_lines
     from peerdsl.lowering.codeobject import read_amd
     info = read_amd(code, symbol)
