@@ -19,14 +19,14 @@ import sys
 
 import torch
 
+from peerdsl.compare_run import Check, Output, RunCase, RunContext, recipe
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ar_bias_rmsnorm_ref as reference  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-# PUBLIC-API: the recipe format of `peerdsl compare --run --inputs module:function` is defined
-# by the compare work (issue 13 item 4); these keys are this example's proposal.
 def inputs(world: int, constexprs: dict, rows: int | None = None, device: str = "cuda",
            seed: int = 1234, eps: float = 1e-6) -> dict:
     """{"args": per-rank kernel arguments by name, "outputs": the names to compare,
@@ -46,3 +46,28 @@ def inputs(world: int, constexprs: dict, rows: int | None = None, device: str = 
              "rows": rows, "eps": eps} for r in range(world)]
     return {"args": args, "outputs": ["out", "residual_out"], "work": rows,
             "expected": [{k: v.to(device) for k, v in e.items()} for e in expected]}
+
+
+@recipe(constexprs={"T": "bf16", "H": 6144, "W": 4})
+def compare_case(ctx: RunContext) -> RunCase:
+    """`peerdsl compare ar_bias_rmsnorm --run --inputs examples/ar_bias_rmsnorm/inputs.py:compare_case`:
+    the DSL op and the HIP twin on the same inputs (--recipe-arg rows=N, default 1024)."""
+    rows = ctx.option("rows", 1024)
+    got = inputs(ctx.world, ctx.constexprs, rows=rows, device=ctx.device, seed=ctx.seed)
+    W, t = ctx.world, ctx.torch
+    sig_d, sig_r = ctx.signals(), ctx.signals()
+    xs = got["args"][0]["inp"]
+    table = ctx.device_table(xs)  # the DSL reads its peers' inputs through a device table
+    outs_r = [{k: t.empty_like(got["args"][r][k]) for k in got["outputs"]} for r in range(W)]
+    dsl_args, ref_args = [], []
+    for r, a in enumerate(got["args"]):
+        dsl_args.append({**a, "inp": table, "sig": sig_d, "rank": r})
+        ref_args.append([xs, a["bias"], a["residual"], a["weight"], outs_r[r]["out"],
+                         outs_r[r]["residual_out"], sig_r, r, rows, a["eps"]])
+    outputs = [Output(k, [a[k] for a in got["args"]], [o[k] for o in outs_r])
+               for k in got["outputs"]]
+    checks = [Check(f"{k} rank {r} == the exact torch reference", got["args"][r][k],
+                    got["expected"][r][k]) for r in range(W) for k in got["outputs"]]
+    return RunCase(dsl_args, ref_args, outputs, grid=max(1, min(ctx.max_grid, rows, 256)),
+                   checks=checks, signals={"DSL": sig_d, "reference": sig_r},
+                   description=f"rows={rows}, H={ctx.constexprs['H']} {ctx.constexprs.get('T')}")
