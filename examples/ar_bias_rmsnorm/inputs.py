@@ -3,7 +3,7 @@ kernel and for the HIP kernel, and the bytes both must write.
 
     peerdsl compare ar_bias_rmsnorm --ref examples/ar_bias_rmsnorm/ar_bias_rmsnorm.hip \\
         --arch sm_90 --constexpr T=bf16 --constexpr H=6144 --constexpr W=4 --run \\
-        --inputs examples/ar_bias_rmsnorm/inputs.py:inputs --build build
+        --inputs examples/ar_bias_rmsnorm/inputs.py:compare_case --build build
 
 The recipe returns, per rank, the kernel's arguments by parameter name. A peer parameter
 (`inp`, a RegisteredPtrs) is the list of every rank's tensor: the DSL side gets a device
