@@ -267,3 +267,30 @@ def test_a_damaged_manifest_is_not_clobbered(tmp_path, cache_env, clean_registry
     assert cli.main(["build", "--arch", ARCH, "--ops", "vector_add", "-o", str(out), "-q"]) == 2
     assert "cannot be read" in capsys.readouterr().err
     assert os.listdir(out / ARCH) == ["manifest.json"]
+
+
+def test_without_ops_the_user_ops_join_the_shipped_ones(tmp_path, clean_registry):
+    from peerdsl.lowering.targets import get_target
+    registry.import_module(write_module(tmp_path / "my_ops.py"))
+    ops = {op for op, _k, _cx in registry.build_items(get_target(ARCH))}
+    assert {"user_scale", "vector_add", "allreduce_ll", "fused_ar_rms_1stage"} <= ops
+
+
+def test_a_compiler_failure_exits_1_and_writes_nothing(tmp_path, shipped_dir, capsys,
+                                                       monkeypatch):
+    from peerdsl.lowering.errors import CompileError
+    real = B.compile_cached
+
+    def failing(op, kernel, constexprs, *a, **kw):
+        if str(constexprs.get("T")) == "f16":
+            raise CompileError("LLVM said no")
+        return real(op, kernel, constexprs, *a, **kw)
+
+    monkeypatch.setattr(B, "compile_cached", failing)
+    before = snapshot(shipped_dir)
+    mod = write_module(tmp_path / "my_ops.py")
+    assert cli.main(["build", "--arch", ARCH, "--module", mod, "--ops", "user_scale",
+                     "-o", str(shipped_dir), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "LLVM said no" in err and "nothing was written" in err
+    assert snapshot(shipped_dir) == before

@@ -1,13 +1,16 @@
 """Memory operations. Every access that another agent may observe names a scope and an order.
 
 A load or store without a scope is a plain (non-atomic) access, free for the compiler to
-reorder within the rules of the target memory model. A store through a peer pointer (from a
-peer table, indexed with anything but this rank's own `rank`) must name a scope: a plain
-store into another rank's memory is refused at trace time. Atomics always name one. With a scope it is a single-copy-atomic
+reorder within the rules of the target memory model. With a scope it is a single-copy-atomic
 access at that scope: scalar loads and stores become atomic with the given order; a 16-byte
 pack with a scope is a relaxed volatile access of one instruction (targets have no atomic
 vector accesses; the LL protocol relies only on the 16 bytes landing together, which every
 target gives for an aligned 16-byte access).
+
+A store through a peer pointer (`Pointer.peer`: a peer-table entry indexed with anything but
+this rank's own rank) must name a scope: a plain store into another rank's memory is refused
+at trace time. Plain loads through one stay allowed (the collectives read peers' inputs after
+the Signal's acquire). Atomics always name a scope.
 """
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def register(name: str, kernel: Kernel,
         raise RegistryError(f"op {name!r}: expected a @dsl.kernel function, got "
                             f"{type(kernel).__name__}")
     old = REGISTRY.get(name)
-    if old is not None and old.kernel is not kernel and _source_of(old.kernel) != _source_of(kernel):
+    if old is not None and _source_of(old.kernel) != _source_of(kernel):
         f_old, q_old = _source_of(old.kernel)
         f_new, q_new = _source_of(kernel)
         raise RegistryError(f"op {name!r} registered twice: kernel {q_old} ({f_old}) and "
@@ -102,7 +102,7 @@ def build_items(target: Any, names: list[str] | None = None) -> list[tuple[str, 
             raise RegistryError(f"unknown ops {unknown}; known: {sorted(reg)} (a user op is "
                                 "known once its module is imported: --module FILE_OR_MODULE)")
     items = []
-    for name in sorted(names if names is not None else reg):
+    for name in sorted(set(names) if names is not None else reg):
         spec = reg[name]
         try:
             variants = spec.variants(target)
@@ -150,7 +150,8 @@ def import_module(spec: str) -> Any:
             if e.name and spec.startswith(e.name):
                 raise RegistryError(f"--module {spec}: no module named {e.name!r} (give a .py "
                                     "path or a dotted name importable from sys.path)") from e
-            raise RegistryError(f"--module {spec}: importing it failed: {e} ({user_frame(e)})") from e
+            raise RegistryError(f"--module {spec}: importing it failed: {e} "
+                                f"({user_frame(e)})") from e
         except Exception as e:
             raise RegistryError(f"--module {spec}: importing it failed: {type(e).__name__}: "
                                 f"{e} ({user_frame(e)})") from e
