@@ -9,6 +9,7 @@ whole kernarg buffer (CU_LAUNCH_PARAM_BUFFER_POINTER), which needs no per-parame
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -108,17 +109,45 @@ def _check_case(case: RunCase, world: int) -> None:
         raise CompareError(f"grid {case.grid} is not a positive block count")
 
 
+@dataclasses.dataclass
+class Prepared:
+    """Both sides ready to launch: per rank packed bytes and the kernel objects."""
+    dsl: Any                 # CudaKernel of the DSL entry
+    ref: Any                 # CudaKernel of the reference (its entry has the foreign layout)
+    dsl_bytes: list[bytes]
+    ref_bytes: list[bytes]
+
+
+def load_pair(manifest: Manifest, dsl_entry: KernelEntry, ref_cubin: Path, ref_symbol: str,
+              device: int) -> tuple[Any, RefFunction]:
+    """The DSL kernel through the manifest's loader, the reference function from its cubin.
+    Both launch in buffer mode: the whole packed kernarg buffer, whatever the parameters."""
+    from .runtime.cuda.loader import CudaLoader
+    dsl = CudaLoader(manifest, device=device, mode="buffer").load(dsl_entry)
+    return dsl, RefFunction(ref_cubin, ref_symbol, device)
+
+
+def prepare(case: RunCase, world: int, dsl: Any, ref: RefFunction) -> Prepared:
+    """Check the recipe's case, pack every rank's arguments for both sides (PackPlan), and
+    make the reference's CudaKernel from its cubin layout typed by the recipe's values."""
+    from .runtime.cuda.loader import CudaKernel
+    _check_case(case, world)
+    dsl_bytes = [pack_dsl(dsl.entry, a, r) for r, a in enumerate(case.dsl_args)]
+    rentry = ref_entry(ref.symbol, ref.cubin, ref.sha256, ref.params, case.ref_args[0],
+                       ref.size, case.ref_block or dsl.entry.block_size)
+    ref_bytes = [pack_ref(rentry, a) for a in case.ref_args]
+    refk = CudaKernel(rentry, ref.device, ref.function, mode="buffer")
+    return Prepared(dsl, refk, dsl_bytes, ref_bytes)
+
+
 def run_compare(manifest: Manifest, dsl_entry: KernelEntry, ref_cubin: Path, ref_symbol: str,
                 recipe: Callable[[RunContext], RunCase], *, world: int, grid_limit: int = 0,
                 iters: int = 50, options: dict[str, str] | None = None) -> RunReport:
     import torch
-
-    from .runtime.cuda.loader import CudaKernel, CudaLoader
     if not torch.cuda.is_available():
         raise CompareError("--run needs a CUDA device (the lent H200); none is visible")
     dev = torch.cuda.current_device()
-    dsl = CudaLoader(manifest, device=dev).load(dsl_entry)
-    ref = RefFunction(ref_cubin, ref_symbol, dev)
+    dsl, ref = load_pair(manifest, dsl_entry, ref_cubin, ref_symbol, dev)
     block = dsl_entry.block_size
     # every block of every rank must be resident at once (they may wait on each other)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -131,22 +160,17 @@ def run_compare(manifest: Manifest, dsl_entry: KernelEntry, ref_cubin: Path, ref
                      constexprs=dict(dsl_entry.constexprs), block=block, max_grid=max_grid,
                      options=dict(options or {}))
     case = recipe(ctx)
-    _check_case(case, world)
-    dsl_bytes = [pack_dsl(dsl_entry, a, r) for r, a in enumerate(case.dsl_args)]
-    rentry = ref_entry(ref_symbol, ref.cubin, ref.sha256, ref.params, case.ref_args[0],
-                       ref.size, case.ref_block or block)
-    ref_bytes = [pack_ref(rentry, a) for a in case.ref_args]
-    refk = CudaKernel(rentry, dev, ref.function, mode="buffer")
+    p = prepare(case, world, dsl, ref)
     streams = [torch.cuda.Stream() for _ in range(world)]
     grid = int(case.grid)
 
     def launch_dsl() -> None:
         for r in range(world):
-            dsl.launch(grid, dsl_bytes[r], stream=streams[r])
+            p.dsl.launch(grid, p.dsl_bytes[r], stream=streams[r])
 
     def launch_ref() -> None:
         for r in range(world):
-            refk.launch(grid, ref_bytes[r], stream=streams[r])
+            p.ref.launch(grid, p.ref_bytes[r], stream=streams[r])
 
     torch.cuda.synchronize()
     for s in streams:
@@ -166,6 +190,6 @@ def run_compare(manifest: Manifest, dsl_entry: KernelEntry, ref_cubin: Path, ref
     t_ref, _ = _time(torch, streams, launch_ref, iters)
     errors += [e for e in spin_errors() if e not in errors]
     return RunReport(device=torch.cuda.get_device_name(dev), description=case.description,
-                     world=world, grid=grid, blocks=(block, rentry.block_size),
+                     world=world, grid=grid, blocks=(block, p.ref.entry.block_size),
                      results=results, errors=errors, latency_us=(t_dsl, t_ref),
                      timing=f"{how}, fork/join of the rank streams each call")

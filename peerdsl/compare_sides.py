@@ -93,9 +93,9 @@ def from_manifest(build: Path, arch: str, op: str, query: dict[str, Any]) -> tup
     cands = [k for k in m.kernels.values() if k.op == op]
     hits = [k for k in cands if _matches(k.constexprs, query)]
     if len(hits) > 1:
+        example = " ".join(f"--constexpr {k}={v}" for k, v in hits[0].constexprs.items())
         raise CompareError(f"--constexpr {query or '(none)'} matches {len(hits)} built variants "
-                           f"of {op} in {m.path}; name more of them, e.g. "
-                           + " ".join(f"--constexpr {k}={v}" for k, v in hits[0].constexprs.items()))
+                           f"of {op} in {m.path}; name more of them, e.g. {example}")
     if not hits:
         have = sorted(json.dumps(k.constexprs, sort_keys=True) for k in cands)
         return None, (f"{m.path} has no {op} kernel" + (f" with {query}; built: {have}"

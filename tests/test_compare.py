@@ -260,3 +260,19 @@ def test_shipped_build_script_uses_the_package_headers():
     assert "python -m peerdsl.reference_build" in script
     flags = rb.include_flags(rb.REF_DIR / "allreduce_ll.hip")
     assert flags[-1] == f"-I{rb.INCLUDE_DIR}" and flags[0] == f"-I{rb.REF_DIR}"
+
+
+def test_ambiguous_variant_in_a_manifest_asks_for_more_constexprs(user_files, tmp_path,
+                                                                 capsys):
+    _need()
+    assert cli.main(["build", "--arch", "gfx1250", "--ops", "vector_add", "-o",
+                     str(tmp_path / "dsl"), "-q"]) == 0
+    capsys.readouterr()
+    base = ["vector_add", "--arch", "gfx1250", "--build", str(tmp_path / "dsl"), "--ref",
+            str(user_files / "scale.hip"), "--ref-build", str(tmp_path / "ref")]
+    rc, _, err = _compare(capsys, *base)
+    assert rc == 2 and "matches 2 built variants of vector_add" in err
+    assert "--constexpr T=" in err
+    rc, out, err = _compare(capsys, *base, "-c", "T=f16")
+    assert rc == 0, err
+    assert "vector_add on gfx1250 (T=f16)" in out and f"manifest {tmp_path / 'dsl'}" in out
