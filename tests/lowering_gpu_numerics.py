@@ -16,8 +16,8 @@ import numpy as np
 
 GRID, BLOCK = 8, 128
 N = GRID * BLOCK
-OUTS = {"of": (np.float32, 12), "ob": (np.uint16, 2), "oh": (np.uint16, 1), "oq": (np.int8, 2),
-        "oi": (np.int32, 8), "osum": (np.float32, 2 * GRID / N)}
+OUTS = {"of": (np.float32, 13), "ob": (np.uint16, 2), "oh": (np.uint16, 1), "oq": (np.int8, 4),
+        "oi": (np.int32, 8), "osum": (np.float32, 3 * GRID / N)}
 
 
 def inputs(seed: int = 5) -> dict[str, np.ndarray]:

@@ -150,7 +150,7 @@ def numerics(x: Ptr[dsl.f32], y: Ptr[dsl.f32], z: Ptr[dsl.f32], a: Ptr[dsl.i32],
     GPU (tests/lowering_gpu_numerics.py)."""
     i = dsl.block_id() * dsl.block_size() + dsl.thread_id()
     xv, yv, zv, av, bv = x[i], y[i], z[i], a[i], b[i]
-    f = of + i * 12
+    f = of + i * 13
     f[0] = xv * yv + zv
     f[1] = dsl.rsqrt(xv)
     f[2] = dsl.rcp(yv)
@@ -163,11 +163,14 @@ def numerics(x: Ptr[dsl.f32], y: Ptr[dsl.f32], z: Ptr[dsl.f32], a: Ptr[dsl.i32],
     f[9] = av.to_f32()
     f[10] = (xv - zv) * (yv + zv)
     f[11] = xv * 0.5
+    f[12] = dsl.fmaximum(xv, yv)
     ob[i * 2] = xv.to_bf16()
     ob[i * 2 + 1] = (xv * yv).to_bf16()
     oh[i] = xv.to_f16()
-    oq[i * 2] = dsl.to_fp8(xv * yv, "e4m3fn")
-    oq[i * 2 + 1] = dsl.to_fp8(xv * yv, "e4m3fnuz")
+    oq[i * 4] = dsl.to_fp8(xv * yv, "e4m3fn")
+    oq[i * 4 + 1] = dsl.to_fp8(xv * yv, "e4m3fnuz")
+    oq[i * 4 + 2] = dsl.to_fp8(xv * yv, "e4m3fn", finite=True)
+    oq[i * 4 + 3] = dsl.to_fp8(xv * yv, "e4m3fnuz", finite=True)
     n = oi + i * 8
     n[0] = av // bv
     n[1] = av % bv
@@ -179,6 +182,8 @@ def numerics(x: Ptr[dsl.f32], y: Ptr[dsl.f32], z: Ptr[dsl.f32], a: Ptr[dsl.i32],
     n[7] = xv.bitcast(dsl.i32) ^ av
     s = dsl.block_sum(zv)
     m = dsl.block_max(dsl.abs(yv))
+    mx = dsl.block_max(xv)  # NaN in the blocks whose x holds one
     if dsl.thread_id() == 0:
-        osum[dsl.block_id() * 2] = s
-        osum[dsl.block_id() * 2 + 1] = m
+        osum[dsl.block_id() * 3] = s
+        osum[dsl.block_id() * 3 + 1] = m
+        osum[dsl.block_id() * 3 + 2] = mx

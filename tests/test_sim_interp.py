@@ -49,9 +49,10 @@ def test_bf16_f16_round_to_nearest_even_matches_torch():
 
 
 @dsl.kernel(block_size=256)
-def k_fp8(x: dsl.Ptr[dsl.f32], out: dsl.Ptr[dsl.i8], n: dsl.i32, fmt: dsl.constexpr):
+def k_fp8(x: dsl.Ptr[dsl.f32], out: dsl.Ptr[dsl.i8], n: dsl.i32, fmt: dsl.constexpr,
+          finite: dsl.constexpr = False):
     for i in range(dsl.thread_id(), n, dsl.block_size()):
-        out[i] = dsl.to_fp8(x[i], fmt)
+        out[i] = dsl.to_fp8(x[i], fmt, finite=finite)
 
 
 @pytest.mark.parametrize("fmt,tdt", [("e4m3fn", torch.float8_e4m3fn),
@@ -80,11 +81,19 @@ def test_to_fp8_matches_torch_after_clamp(fmt, tdt):
     assert len(bad) == 0, [(float(x[i]), int(got[i]), int(ref[i])) for i in bad[:8]]
 
 
-def test_to_fp8_nan_clamps_to_max():
-    for fmt, code in (("e4m3fn", 0x7E), ("e4m3fnuz", 0x7F)):
-        x = torch.tensor([float("nan")] * 4)
+def test_to_fp8_nan_is_the_nan_byte_whatever_its_sign_and_payload():
+    # +NaN, -NaN, payloads: torch's clamp(...).to(fp8) of a positive NaN, on every NaN
+    x = torch.tensor([0x7FC00000, -0x00400000, 0x7F800001, -0x007FFFFF],
+                     dtype=torch.int32).view(torch.float32)
+    for fmt, tdt in (("e4m3fn", torch.float8_e4m3fn), ("e4m3fnuz", torch.float8_e4m3fnuz)):
         got = run1(k_fp8.trace(fmt=fmt), {"n": 4}, {"x": x}, {"out": ((4,), torch.int8)})["out"]
-        assert got.tolist() == [code] * 4
+        want = torch.tensor([float("nan")]).to(tdt).view(torch.int8)
+        assert got.tolist() == [int(want)] * 4, fmt
+        # finite=True promises no NaN; a NaN then clamps to FP8_MAX's byte (maxNum/minNum),
+        # which the per-token quant's non-finite-row fix-up relies on
+        got = run1(k_fp8.trace(fmt=fmt, finite=True), {"n": 4}, {"x": x},
+                   {"out": ((4,), torch.int8)})["out"]
+        assert got.tolist() == [0x7E if fmt == "e4m3fn" else 0x7F] * 4
 
 
 @dsl.kernel(block_size=256)

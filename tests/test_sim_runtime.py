@@ -111,7 +111,8 @@ def test_register_and_exchange_give_every_rank_all_addresses():
     def fn(comm):
         buf = comm.alloc((4,), torch.float32)
         return comm.register(buf), buf.addr, comm.peer_meta
-    res = peerdsl.sim.run(3, fn)
+    # three ranks: the plain SimCommunicator (the collective one has no world-3 kernels)
+    res = peerdsl.sim.run(3, fn, comm_cls=peerdsl.sim.SimCommunicator)
     addrs = [a for _, a, _ in res]
     assert all(r[0] == addrs for r in res)
     assert len({a >> 48 for a in addrs}) == 3  # the address names the device

@@ -1,8 +1,8 @@
 """The peerdsl kernel language: write a kernel with these, trace it, lower or simulate it."""
 from . import ir
 from .builder import TraceError
-from .intrinsics import (abs, block_id, block_size, fma, globaltimer, lane_id, maximum,
-                         minimum, num_blocks, rcp, rsqrt, select, shared_array, shfl_xor,
+from .intrinsics import (abs, block_id, block_size, fma, fmaximum, globaltimer, lane_id,
+                         maximum, minimum, num_blocks, rcp, rsqrt, select, shared_array, shfl_xor,
                          sqrt, thread_id)
 from .kernel import (Kernel, PeerPtrs, PeerTable, Ptr, RegisteredPtrs, constexpr, dtype_of,
                      kernel)

@@ -91,6 +91,16 @@ def minimum(a: Any, b: Any) -> Scalar:
     return _binary("min", a, b)
 
 
+def fmaximum(a: Any, b: Any) -> Scalar:
+    """f32 max where a NaN operand wins (IEEE 754-2019 maximum, like torch.maximum / amax);
+    -0 < +0. One instruction on gfx1250, gfx950 and sm_90 (v_maximum_f32, max.NaN.f32)."""
+    from .values import _binary
+    a = as_scalar(a, ir.f32)
+    if a.type is not ir.f32:
+        raise TraceError(f"{user_location()}: fmaximum needs f32 operands, got {a.type}")
+    return _binary("fmaximum", a, b)
+
+
 def fma(a: Any, b: Any, c: Any) -> Scalar:
     """a * b + c with one rounding."""
     a = as_scalar(a)

@@ -7,6 +7,7 @@ hashes, so any change to a kernel or a helper it calls changes the key.
 Op catalogue (name: operands -> results; attrs):
   const: -> r; value
   add sub mul div rem min max and or xor shl shr: a, b -> r      (div/rem on ints are signed)
+  fmaximum: a, b -> r                     (f32 only: IEEE 754-2019 maximum, NaN propagates)
   fma: a, b, c -> r
   neg abs rsqrt rcp sqrt not: a -> r
   cmp: a, b -> i1; pred in lt le gt ge eq ne
@@ -40,7 +41,8 @@ Semantics (the simulator and every target agree bit for bit):
   round-to-nearest-even for add sub mul div fma sqrt and for truncf/sitofp; no contraction of
   mul+add into fma; fptosi truncates toward zero. rsqrt(x) = div(1, sqrt(x)) with two
   roundings; rcp(x) = div(1, x). max/min on floats are IEEE maxNum/minNum (a NaN operand
-  loses). vec_extract/vec_build index lanes of a vector in memory order.
+  loses); fmaximum returns NaN when either operand is NaN (which NaN is unspecified: a kernel
+  must not store its payload as a result) and orders -0 below +0. vec_extract/vec_build index lanes of a vector in memory order.
   Memory: scope None = plain access; scoped scalar access = atomic with the order; scoped
   vector access = one volatile 16-byte access (relaxed).
 """

@@ -9,12 +9,16 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import ir
-from .intrinsics import block_size, lane_id, maximum, minimum, shared_array, shfl_xor, thread_id
+from .intrinsics import (block_size, fmaximum, lane_id, maximum, minimum, select,
+                         shared_array, shfl_xor, thread_id)
 from .memory import barrier
 from .values import Scalar, Vector, as_scalar, pack
 
 FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
 FP8_BIAS = {"e4m3fn": 7, "e4m3fnuz": 8}
+# the byte torch's conversion gives a NaN (e4m3fn: 0x7F, the sign kept; e4m3fnuz: 0x80, the
+# format's only NaN); to_fp8 gives the positive one, whatever the NaN's sign and payload
+FP8_NAN = {"e4m3fn": 0x7F, "e4m3fnuz": 0x80}
 
 
 def _add(a, b):
@@ -49,7 +53,8 @@ def block_sum(x: Any) -> Scalar:
 
 
 def block_max(x: Any) -> Scalar:
-    return block_reduce(x, maximum)
+    """The block's f32 maximum; a NaN on any thread makes it NaN (as torch's amax)."""
+    return block_reduce(x, fmaximum)
 
 
 def pack_rne(values: list[Any], elem: ir.ScalarType) -> Vector:
@@ -57,15 +62,30 @@ def pack_rne(values: list[Any], elem: ir.ScalarType) -> Vector:
     return pack([as_scalar(v, ir.f32).to(elem) for v in values], elem)
 
 
-def to_fp8(x: Any, fmt: str) -> Scalar:
-    """f32 -> one e4m3 byte (as i8), clamped to +-FP8_MAX, round-to-nearest-even.
+def to_fp8(x: Any, fmt: str, finite: bool = False) -> Scalar:
+    """f32 -> one e4m3 byte (as i8), clamped to +-FP8_MAX, round-to-nearest-even; NaN gives
+    FP8_NAN[fmt] (torch's `x.clamp(-max, max).to(fp8)` for a positive NaN).
 
     Done with integer and exact float steps, so it is bit-identical on every target.
+    `finite=True`: the caller guarantees x is not NaN, which saves two instructions per value
+    (the per-token quant's finite-scale path, where no product can be NaN).
     """
     if fmt not in FP8_MAX:
         raise ValueError(f"fp8 format {fmt!r} is not one of {sorted(FP8_MAX)}")
-    fmax, bias = FP8_MAX[fmt], FP8_BIAS[fmt]
     x = as_scalar(x, ir.f32)
+    byte = _fp8_byte(x, fmt)
+    if finite:
+        return byte
+    return select(x != x, as_scalar(i8_const(FP8_NAN[fmt]), ir.i8), byte)
+
+
+def i8_const(byte: int) -> int:
+    """A byte 0..255 as the signed i8 value that holds it."""
+    return byte - 256 if byte > 127 else byte
+
+
+def _fp8_byte(x: Scalar, fmt: str) -> Scalar:
+    fmax, bias = FP8_MAX[fmt], FP8_BIAS[fmt]
     x = maximum(minimum(x, fmax), -fmax)
     bits = x.bitcast(ir.i32)
     sign = (bits >> 31) & 1

@@ -22,8 +22,10 @@ _INT_BIN = {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "div"
             "or": "arith.ori", "xor": "arith.xori", "shl": "arith.shli", "shr": "arith.shrui"}
 # min/max: IEEE maxNum/minNum, a NaN operand loses. The LLVM intrinsics directly, because
 # convert-gpu-to-nvvm turns arith.maxnumf/remf into libdevice calls (__nv_fmaxf) we never link.
+# fmaximum: IEEE 754-2019 maximum, NaN propagates (v_maximum_f32 / max.NaN.f32).
 _FLT_BIN = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": "arith.divf",
-            "rem": "llvm.frem", "min": "llvm.intr.minnum", "max": "llvm.intr.maxnum"}
+            "rem": "llvm.frem", "min": "llvm.intr.minnum", "max": "llvm.intr.maxnum",
+            "fmaximum": "llvm.intr.maximum"}
 _ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
 # ordered compares, except ne which is unordered so NaN != NaN is true (as in Python / IEEE)
 _FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}

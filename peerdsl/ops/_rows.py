@@ -4,12 +4,18 @@ The fused kernels and the unfused add + RMSNorm kernel must produce the same byt
 share these helpers *and* the thread mapping: thread t of a block of NORM_BLOCK threads
 owns the 16-byte packs t, t + BLOCK, t + 2 BLOCK, ... of the row, and every sum of squares
 goes through dsl.block_sum in that order.
+
+Non-finite rows follow torch's unfused steps (tests/reference.py): NaN and inf propagate as
+there, and FP8 bytes and scales of such rows are torch's byte for byte. Rows whose f32 sum of
+squares overflows are recomputed with power-of-two scaling. Both are block-uniform branches
+taken only by such rows, so every other row keeps its code, registers and bytes.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from .. import dsl
+from ..dsl.lib import FP8_NAN, i8_const
 
 PACK = 8             # elements of a 16-byte bf16/f16 pack
 FLAG_GEMMA = 1       # runtime flags of the norm kernels
@@ -17,6 +23,8 @@ FLAG_FP8 = 2
 FLAG_MIRROR = 4
 SUPPORTED_HIDDEN = (2880, 4096, 6144, 7168, 8192)
 NORM_BLOCK = 256
+INF = float("inf")
+FP8_MAX_BYTE = {"e4m3fn": 0x7E, "e4m3fnuz": 0x7F}  # the byte of +FP8_MAX
 
 
 def row_geometry(H: int) -> tuple[int, int]:
@@ -67,13 +75,16 @@ def round_to(values: list, T: Any) -> list:
 def quant_row_fp8(out_f32: list, row: Any, H: int, q: Any, scale: Any, fmt: str) -> None:
     """Per-token FP8 of one row (SPEC 2.4); out_f32 holds f32 of the T-rounded outputs.
 
-    The standalone quant kernel and the fused epilogue both call this.
+    The standalone quant kernel and the fused epilogue both call this. A NaN anywhere in the
+    row makes amax NaN (as torch's amax does) and an inf makes it inf; such a row is then
+    corrected by `_fix_nonfinite_row`, after the common path, so that path keeps its code and
+    its registers and pays one block-uniform compare and branch per row.
     """
     packs, per_thread = row_geometry(H)
     amax = 0.0
     for k in range(per_thread):
         for v in out_f32[k]:
-            amax = dsl.maximum(amax, dsl.abs(v))
+            amax = dsl.fmaximum(amax, dsl.abs(v))
     amax = dsl.block_max(amax)
     s = amax * (1.0 / dsl.FP8_MAX[fmt])  # constant in double, rounded once to f32
     inv = 0.0 if s == 0.0 else dsl.rcp(s)
@@ -82,10 +93,78 @@ def quant_row_fp8(out_f32: list, row: Any, H: int, q: Any, scale: Any, fmt: str)
         if pack_valid(H, k):
             # A zero output is the +0 byte: SPEC's all-zero-row rule, applied per element so
             # neither -0 nor 0 * inf (a subnormal scale has an infinite reciprocal) leaks out.
+            # A NaN product (only in a row of NaN or inf) gives FP8_MAX's byte here (to_fp8's
+            # clamp is maxNum/minNum); _fix_nonfinite_row relies on exactly that.
             qvec[row * packs + pack_index(k)] = dsl.pack(
-                [0 if v == 0.0 else dsl.to_fp8(v * inv, fmt) for v in out_f32[k]], dsl.i8)
+                [0 if v == 0.0 else dsl.to_fp8(v * inv, fmt, finite=True)
+                 for v in out_f32[k]], dsl.i8)
     if dsl.thread_id() == 0:
         scale[row] = s
+    if not (s < INF):  # block-uniform (s has the same bits on every thread): NaN or inf
+        _fix_nonfinite_row(row, H, qvec, scale, s, fmt)
+
+
+def _byte(b: int) -> Any:
+    """The byte b (0..255) as a traced i8."""
+    return dsl.as_scalar(i8_const(b), dsl.i8)
+
+
+def _fix_nonfinite_row(row: Any, H: int, qvec: Any, scale: Any, s: Any, fmt: str) -> None:
+    """Rewrite a row holding a NaN or an inf to what torch's unfused steps give
+    (tests/reference.py `quant_fp8_ref`), byte for byte. The common path has written
+    0 for zeros and to_fp8(v * inv) otherwise, with inv = rcp(s):
+      NaN in the row: amax NaN (torch's amax gives the NaN 0x7FC00000), so scale NaN and
+        inv NaN; every nonzero v gave the FP8_MAX byte; torch gives the NaN byte
+        (e4m3fn 0x7F, e4m3fnuz 0x80).
+      else an inf: scale +inf and inv = 1/inf = 0, so a finite v gave to_fp8(v * 0) = the
+        signed zero torch gives too (e4m3fn 0x80 for v < 0; e4m3fnuz has no -0), and an inf
+        gave the FP8_MAX byte for inf * 0 = NaN; torch's CPU NaN there is x86's default NaN,
+        negative: e4m3fn 0xFF, e4m3fnuz 0x80.
+    So: FP8_MAX's byte becomes the NaN byte, and a NaN scale the NaN torch gives. Each thread
+    rereads the packs it has just written (its own stores: program order)."""
+    packs, per_thread = row_geometry(H)
+    nan_row = s != s
+    max_byte = _byte(FP8_MAX_BYTE[fmt])
+    nan_byte = dsl.select(nan_row, _byte(FP8_NAN[fmt]),
+                          _byte(0xFF if fmt == "e4m3fn" else 0x80))
+    for k in range(per_thread):
+        if pack_valid(H, k):
+            i = row * packs + pack_index(k)
+            qvec[i] = dsl.pack([dsl.select(b == max_byte, nan_byte, b)
+                                for b in qvec[i].elements()], dsl.i8)
+    if dsl.thread_id() == 0:
+        scale[row] = dsl.select(nan_row, float("nan"), s)
+
+
+def sum_squares(s: list) -> Any:
+    """This thread's f32 sum of squares of its packs, in pack then element order."""
+    acc = 0.0
+    for pack in s:
+        for v in pack:
+            acc = acc + v * v
+    return acc
+
+
+def overflow_safe_inv(s: list, H: int, eps: Any) -> Any:
+    """rsqrt(mean(s^2) + eps) for a row whose f32 sum of squares overflowed, by power-of-two
+    scaling: p = 2^(127 - e) for the row's largest |s_j| = m with biased exponent e brings m
+    into [1, 2) ([2, 4) in the top binade, where p = 2^-126), so no square overflows.
+    Scaling by a power of two commutes with every rounding (a value small enough to
+    underflow has a square far below one ulp of the sum, and so has eps p^2), so
+    rsqrt(sum (s p)^2 / H + eps p^2) * p is what f32 with an unbounded exponent would give;
+    the final * p is exact unless inv is below 2^-126 (an RMS above 2^126), where it is
+    subnormal and keeps 22 of its 24 bits. An inf in the row (m = inf) keeps the sum inf
+    and inv 0, the unscaled path's (and torch's) result.
+    Contains barriers: call it under a block-uniform condition only."""
+    m = 0.0
+    for pack in s:
+        for v in pack:
+            m = dsl.fmaximum(m, dsl.abs(v))
+    m = dsl.block_max(m)
+    e = (m.bitcast(dsl.i32) >> 23) & 0xFF
+    p = (dsl.maximum(254 - e, 1) << 23).bitcast(dsl.f32)
+    total = dsl.block_sum(sum_squares([[v * p for v in pack] for pack in s]))
+    return dsl.rsqrt(total / float(H) + (eps * p) * p) * p
 
 
 def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, flags: Any,
@@ -94,12 +173,13 @@ def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, f
     packs, per_thread = row_geometry(H)
     # the weight load is issued before the reduction's barriers, so its latency overlaps them
     w = load_row_packs(weight, 0, H, T)
-    acc = 0.0
-    for k in range(per_thread):
-        for v in s[k]:
-            acc = acc + v * v
-    total = dsl.block_sum(acc)
+    total = dsl.block_sum(sum_squares(s))
     inv = dsl.rsqrt(total / float(H) + eps)
+    # Block-uniform (the sum has the same bits on every thread), so the barriers inside are
+    # reached by all threads or none. Finite squares overflowed, or the row holds an inf;
+    # a NaN makes the sum NaN and the outputs NaN on the common path, as torch's.
+    if total == INF:
+        inv = overflow_safe_inv(s, H, eps)
     gemma = (flags & FLAG_GEMMA) != 0
     normed = []
     for k in range(per_thread):

@@ -2,7 +2,9 @@
 
 A backend (sim, cuda, hip) subclasses `Collectives` and provides the primitives listed in
 `Backend primitives` below; everything here is device-independent: input checks, dispatch,
-argument tables and output shapes. Inputs are checked before any kernel runs.
+argument tables and output shapes. Inputs are checked before any kernel runs or the
+registered pool is written. Empty inputs (no rows, no elements) return empty results without
+a launch: sizes are equal on every rank by contract, so every rank skips the same call.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from .. import layout
 from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN
 from . import dispatch
+from .built import Built, from_registry
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
@@ -84,9 +87,18 @@ def check_tensor(name: str, t: Any, dtype: torch.dtype | None = None,
         raise ValueError(f"{name} starts at address {t.data_ptr():#x}, not {ALIGN}-byte aligned")
 
 
-def check_hidden(hidden: int) -> None:
-    if hidden not in SUPPORTED_HIDDEN:
+def check_hidden(hidden: int, built: Built | None = None,
+                 entry: str = "add_rmsnorm") -> None:
+    """An unbuilt hidden size is an error naming the built ones (from `built`, else the
+    sizes the ops are specialized for)."""
+    if built is not None:
+        built.check_hidden(hidden, entry)
+    elif hidden not in SUPPORTED_HIDDEN:
         raise ValueError(f"hidden size {hidden} is not built; supported: {SUPPORTED_HIDDEN}")
+
+
+def _empty(x: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=x.device)
 
 
 class Collectives:
@@ -105,8 +117,14 @@ class Collectives:
         _fallback_all_reduce(t) -> torch.Tensor   the library all-reduce (torch.distributed)
     """
 
-    last_path: str = ""
+    last_path: str = ""  # the path of the last call ("empty": returned without a launch)
     pool_bytes: int | None = None
+
+    @functools.cached_property
+    def built(self) -> Built:
+        """The world and hidden sizes there are kernels for. The GPU Communicator sets it
+        from its manifest; the simulator's are the op registry's variants for the target."""
+        return from_registry(self.arch)
 
     # ------------------------------------------------------------------ the meta buffer
     # (fixed once the communicator is set up: computed on first use, not on every call)
@@ -138,6 +156,9 @@ class Collectives:
     # ------------------------------------------------------------------ plain collectives
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         check_tensor("x", x, contiguous=False)
+        if x.numel() == 0:  # torch.distributed's all-reduce of nothing: nothing
+            self.last_path = "empty"
+            return _empty(x, tuple(x.shape), x.dtype)
         T = DTYPES[x.dtype]
         nbytes = x.numel() * x.element_size()
         path = dispatch.plan_all_reduce(self.arch, self.world, nbytes, x.is_contiguous(),
@@ -177,8 +198,11 @@ class Collectives:
         if nbytes > cap // self.world:
             raise ValueError(f"all_gather of {nbytes} bytes per rank exceeds the pool "
                              f"({cap} bytes / world {self.world})")
-        x = x.contiguous()
         shape = (self.world,) + tuple(x.shape)
+        if nbytes == 0:
+            self.last_path = "empty"
+            return _empty(x, shape, x.dtype)
+        x = x.contiguous()
         self.last_path = "allgather"
         if self.world == 1:
             return x.clone().reshape(shape)
@@ -197,15 +221,32 @@ class Collectives:
                      {"sig": self.signal_peers, "rank": self.rank})
 
     # ------------------------------------------------------------------ local kernels
-    def _norm_checks(self, x, residual, weight):
+    def _norm_checks(self, x, residual, weight, entry: str = "add_rmsnorm"):
         check_tensor("x", x, contiguous=False)
         if x.dim() != 2:
             raise ValueError(f"x must be [rows, hidden], got shape {tuple(x.shape)}")
         rows, hidden = x.shape
-        check_hidden(hidden)
+        check_hidden(hidden, self.built, entry)
         check_tensor("residual", residual, x.dtype, (rows, hidden))
         check_tensor("weight", weight, x.dtype, (hidden,))
+        for name, t in (("residual", residual), ("weight", weight)):
+            if t.device != x.device:  # x's own device is checked before its first use
+                raise ValueError(f"{name} is on {t.device} but x is on {x.device}; pass "
+                                 "all three on the communicator's device")
         return rows, hidden, DTYPES[x.dtype]
+
+    def _empty_norm_result(self, x, hidden, flags) -> NormResult:
+        """add + RMSNorm of no rows: empty outputs of the shapes and dtypes of the full ones."""
+        res = NormResult(None, _empty(x, (0, hidden), x.dtype))
+        if flags & FLAG_FP8:
+            res.q = _empty(x, (0, hidden), FP8_DTYPES[self.fp8_format])
+            res.scale = _empty(x, (0, 1), torch.float32)
+            if flags & FLAG_MIRROR:
+                res.mirror = _empty(x, (0, hidden), x.dtype)
+        else:
+            res.out = _empty(x, (0, hidden), x.dtype)
+        self.last_path = "empty"
+        return res
 
     def _flags(self, gemma_norm: bool, fp8_out: bool, mirror: bool) -> int:
         if mirror and not fp8_out:
@@ -235,6 +276,9 @@ class Collectives:
                     fp8_out: bool = False, bf16_mirror: bool = False) -> NormResult:
         rows, hidden, T = self._norm_checks(x, residual, weight)
         flags = self._flags(gemma_norm, fp8_out, bf16_mirror)
+        eps = float(eps)
+        if rows == 0:
+            return self._empty_norm_result(x, hidden, flags)
         return self._add_rmsnorm(x, residual, weight, eps, flags, rows, hidden, T)
 
     def _add_rmsnorm(self, x, residual, weight, eps, flags, rows, hidden, T) -> NormResult:
@@ -252,7 +296,11 @@ class Collectives:
         if x.dim() != 2:
             raise ValueError(f"x must be [rows, hidden], got shape {tuple(x.shape)}")
         rows, hidden = x.shape
-        check_hidden(hidden)
+        check_hidden(hidden, self.built, "per_token_quant_fp8")
+        if rows == 0:
+            self.last_path = "empty"
+            return (_empty(x, (0, hidden), FP8_DTYPES[self.fp8_format]),
+                    _empty(x, (0, 1), torch.float32))
         q = self._new((rows, hidden), torch.int8)
         scale = self._new((rows, 1), torch.float32)
         self._launch("per_token_quant_fp8",
@@ -266,8 +314,11 @@ class Collectives:
     def fused_allreduce_rmsnorm(self, x, residual, weight, eps: float = 1e-6,
                                 gemma_norm: bool = False, fp8_out: bool = False,
                                 bf16_mirror: bool = False) -> NormResult:
-        rows, hidden, T = self._norm_checks(x, residual, weight)
+        rows, hidden, T = self._norm_checks(x, residual, weight, "fused_allreduce_rmsnorm")
         flags = self._flags(gemma_norm, fp8_out, bf16_mirror)
+        eps = float(eps)
+        if rows == 0:  # every rank: the rows are the same on every rank by contract
+            return self._empty_norm_result(x, hidden, flags)
         path = dispatch.plan_fused_ar_rms(self.arch, self.world, rows, hidden, x.dtype,
                                           fp8_out, x.is_contiguous(), capacity=self.capacity)
         if path == "local":
@@ -286,8 +337,10 @@ class Collectives:
         quant_after = fp8_out and not dispatch.fp8_in_epilogue(self.arch, rows, hidden, x.dtype)
         kflags = flags & ~(FLAG_FP8 | FLAG_MIRROR) if quant_after else flags
         bufs = self._norm_outputs(rows, hidden, x.dtype, kflags)
-        args = dict(inp=self._stage(x), residual=self._dev(residual), weight=self._dev(weight),
-                    sig=self.signal_peers, rank=self.rank, rows=rows, eps=float(eps),
+        # residual and weight first: _dev may raise, and _stage writes the registered pool
+        residual_dev, weight_dev = self._dev(residual), self._dev(weight)
+        args = dict(inp=self._stage(x), residual=residual_dev, weight=weight_dev,
+                    sig=self.signal_peers, rank=self.rank, rows=rows, eps=eps,
                     flags=kflags, **bufs)
         constexprs = {"T": T, "H": hidden, "W": self.world, "FP8": self.fp8_format}
         if path == "fused_2stage":

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .. import layout
+from .built import from_manifest
 from .collectives import Collectives
 from .graph_capture import GraphCapture
 from .errors import CollectiveTimeout
@@ -80,6 +81,9 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
         build_dir = build_dir or os.environ.get("PEERDSL_BUILD_DIR", "build")
         self.loader = self._make_loader(os.path.join(build_dir, self.arch, "manifest.json"))
         self.fp8_format = self.loader.manifest.fp8_format
+        # before any allocation or exchange (every rank reads the same manifest and raises)
+        self.built = from_manifest(self.loader.manifest, build_dir)
+        self.built.check_world(self.world)
         props = torch.cuda.get_device_properties(self.device)
         # Blocks of one index wait for each other across ranks, so every rank's grid must be
         # resident at once: ranks sharing a GPU (MPS) split its multiprocessors, one block

@@ -21,6 +21,21 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return total;
 }
 
+// the block's maximum of non-negative, non-NaN values (exact in any order: dsl.block_max's bits)
+__device__ __forceinline__ float block_max(float x, float* scratch) {
+  for (int mask = 16; mask >= 1; mask >>= 1) {
+    const float y = ref_shfl_xor(x, mask);
+    x = y > x ? y : x;
+  }
+  int t = ref_thread_id();
+  if ((t & 31) == 0) scratch[t >> 5] = x;
+  __syncthreads();
+  float m = scratch[0];
+  for (int g = 1; g < BLOCK / 32; ++g) m = scratch[g] > m ? scratch[g] : m;
+  __syncthreads();
+  return m;
+}
+
 template <int H, int W>
 __device__ __forceinline__ void fused_body(const Peers<const hip_bfloat16>& inp,
                                            const hip_bfloat16* residual,
@@ -53,7 +68,34 @@ __device__ __forceinline__ void fused_body(const Peers<const hip_bfloat16>& inp,
       for (int j = 0; j < PACK; ++j) sq = sq + s[k].v[j] * s[k].v[j];
     }
     const float total = block_sum(sq, scratch);
-    const float inv = 1.0f / __builtin_sqrtf(total / (float)H + eps);  // both correctly rounded
+    float inv = 1.0f / __builtin_sqrtf(total / (float)H + eps);  // both correctly rounded
+    if (total == __builtin_bit_cast(float, 0x7f800000u)) {  // block-uniform, like total:
+      // the f32 squares overflowed (or the row holds an inf). Power-of-two scaling, as ops/_rows.py overflow_safe_inv: p = 2^(127 - e) for the
+      // row's largest |s_j| of biased exponent e (at least 2^-126), inv = rsqrt(sum (s p)^2
+      // / H + eps p^2) * p
+      float m = 0.0f;
+      for (int k = 0; k < PER_THREAD; ++k) {
+        if (PACKS % BLOCK != 0 && t + k * BLOCK >= PACKS) continue;
+        for (int j = 0; j < PACK; ++j) {
+          const unsigned bits = __builtin_bit_cast(unsigned, s[k].v[j]) & 0x7fffffffu;
+          const float a = __builtin_bit_cast(float, bits);  // |s_j|
+          m = a > m ? a : m;
+        }
+      }
+      m = block_max(m, scratch);
+      const int e = (int)((__builtin_bit_cast(unsigned, m) >> 23) & 0xFF);
+      const float p = __builtin_bit_cast(float, (unsigned)(254 - e > 1 ? 254 - e : 1) << 23);
+      float sq2 = 0.0f;
+      for (int k = 0; k < PER_THREAD; ++k) {
+        if (PACKS % BLOCK != 0 && t + k * BLOCK >= PACKS) continue;
+        for (int j = 0; j < PACK; ++j) {
+          const float v = s[k].v[j] * p;
+          sq2 = sq2 + v * v;
+        }
+      }
+      const float total2 = block_sum(sq2, scratch);
+      inv = (1.0f / __builtin_sqrtf(total2 / (float)H + (eps * p) * p)) * p;
+    }
     for (int k = 0; k < PER_THREAD; ++k) {
       const int p = t + k * BLOCK;
       if (PACKS % BLOCK != 0 && p >= PACKS) continue;

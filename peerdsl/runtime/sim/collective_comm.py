@@ -8,6 +8,7 @@ import torch
 
 from ... import layout
 from ...ops.registry import load_all
+from ..built import from_registry
 from ..collectives import Collectives
 from .comm import SimCommunicator
 from .device import DeviceBuffer
@@ -18,6 +19,12 @@ class SimCollectiveComm(SimCommunicator, Collectives):
 
     max_grid = 4  # blocks per launch: enough to exercise several blocks, small enough to be fast
     max_local_grid = 4
+
+    @classmethod
+    def check_job(cls, world: int, target: str) -> None:
+        """Called when a SimJob is made: the world must be one the collectives are built for
+        (the registry's variants for the target, as `peerdsl build` would build them)."""
+        from_registry(target).check_world(world)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

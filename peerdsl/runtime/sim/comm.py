@@ -110,6 +110,9 @@ class SimJob:
                  store_delay: int | None = None, comm_cls: type | None = None):
         if not 1 <= world <= layout.MAX_RANKS:
             raise ValueError(f"world {world} not in [1, {layout.MAX_RANKS}]")
+        check_job = getattr(comm_cls, "check_job", None)
+        if check_job is not None:  # the collective communicator: an unbuilt world fails here
+            check_job(world, target)
         self.world = world
         self.system = SimSystem(world, target)
         self.seed, self.skew, self.policy = seed, skew, policy

@@ -84,6 +84,20 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return s.astype(np.float32)
 
 
+def fmaximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IEEE 754-2019 maximum of f32 arrays: NaN if either is NaN (the quiet NaN 0x7FC00000:
+    the payload is unspecified on hardware), and +0 above -0."""
+    r = np.maximum(a, b)
+    zeros = (a == 0) & (b == 0)
+    if zeros.any():  # -0 only when both are -0: the AND of the sign bits
+        bits = a.view(np.uint32) & b.view(np.uint32)
+        r = np.where(zeros, bits.view(np.float32), r)
+    nan = np.isnan(r)
+    if nan.any():
+        r = np.where(nan, np.float32(np.nan), r)
+    return r.astype(np.float32, copy=False)
+
+
 # ----------------------------------------------------------------------------- integers
 
 def _safe_divisor(a: np.ndarray, b: np.ndarray) -> np.ndarray:

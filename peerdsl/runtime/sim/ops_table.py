@@ -13,7 +13,8 @@ from ..errors import SimError
 from . import numerics as nx
 
 _F32_ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-              "rem": np.fmod, "min": np.fmin, "max": np.fmax}
+              "rem": np.fmod, "min": np.fmin, "max": np.fmax,
+              "fmaximum": nx.fmaximum}
 _INT_ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": nx.int_div,
               "rem": nx.int_rem, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
               "or": np.bitwise_or, "xor": np.bitwise_xor}
@@ -50,7 +51,7 @@ def compile_pure(op: ir.Op, ins: list[int], outs: list[int], lanes: int) -> Call
     o = outs[0] if outs else -1
     t = op.operands[0].type if op.operands else None
     if name in ("add", "sub", "mul", "div", "rem", "min", "max", "and", "or", "xor",
-                "shl", "shr"):
+                "shl", "shr", "fmaximum"):
         if name == "shl":
             return _binary(lambda x, y: nx.shl(x, y, t), ins[0], ins[1], o)
         if name == "shr":
