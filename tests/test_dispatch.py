@@ -124,7 +124,8 @@ def test_each_target_has_its_table():
     assert plan_fused_ar_rms("sm_90", 2, 1, 6144, BF16) == "fused_1stage"
     assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_1stage"      # 96 KiB
     assert plan_fused_ar_rms("sm_90", 4, 256, 6144, BF16) == "fused_1stage"    # 3 MiB
-    assert plan_fused_ar_rms("sm_90", 4, 384, 6144, BF16) == "fused_2stage"    # 4.5 MiB
+    assert plan_fused_ar_rms("sm_90", 4, 384, 6144, BF16) == "fused_1stage"    # 4.5 MiB
+    assert plan_fused_ar_rms("sm_90", 4, 4096, 6144, BF16) == "fused_1stage"   # 48 MiB
     assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_1stage"   # 768 KiB
 
 

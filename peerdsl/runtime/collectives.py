@@ -237,14 +237,12 @@ class Collectives:
 
     def _empty_norm_result(self, x, hidden, flags) -> NormResult:
         """add + RMSNorm of no rows: empty outputs of the shapes and dtypes of the full ones."""
-        res = NormResult(None, _empty(x, (0, hidden), x.dtype))
+        e = lambda dtype, cols=hidden: _empty(x, (0, cols), dtype)  # noqa: E731
         if flags & FLAG_FP8:
-            res.q = _empty(x, (0, hidden), FP8_DTYPES[self.fp8_format])
-            res.scale = _empty(x, (0, 1), torch.float32)
-            if flags & FLAG_MIRROR:
-                res.mirror = _empty(x, (0, hidden), x.dtype)
+            res = NormResult(None, e(x.dtype), e(FP8_DTYPES[self.fp8_format]),
+                             e(torch.float32, 1), e(x.dtype) if flags & FLAG_MIRROR else None)
         else:
-            res.out = _empty(x, (0, hidden), x.dtype)
+            res = NormResult(e(x.dtype), e(x.dtype))
         self.last_path = "empty"
         return res
 

@@ -8,8 +8,10 @@ only pays below about 128 KiB there. For the fused entry the one-stage kernel be
 RMSNorm at every row count measured (1 to 256 rows, TP2 and TP4, H 2880/6144/8192: e.g. TP4
 H=6144 one row 10.5 vs 12.3 us), so sm_90's fused LL range is empty; and the one-stage fused
 kernel beat the two-stage one up to 256 rows at TP4 (H=6144: 9.5 vs 11.7 us at 16 rows, 29.5
-vs 32.9 at 256; H=8192 likewise) in two runs, so the fused two-stage path starts at 4 MiB
-there (384 rows of 6144 bf16 are 4.5 MiB). Every threshold has a
+vs 32.9 at 256; H=8192 likewise), and on 2026-12-03 it also won from 384 to 4096 rows in two
+runs (TP4 H=6144: 40.1 vs 44.1 us at 384 rows, 87.9 vs 97.9 at 1024, 311.7 vs 342.3 at 4096;
+the peers-side-by-side run in BASELINES.md agrees: 89.3 vs 100.6 at 1024), so sm_90's fused
+entry takes the one-stage kernel over the whole custom range. Every threshold has a
 `PEERDSL_*` environment override, read at each call.
 """
 from __future__ import annotations
@@ -55,7 +57,7 @@ TABLES = {
     "gfx950": Thresholds(),
     "gfx942": Thresholds(),
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
-                        fused_two_stage_min_bytes=4 * MiB),
+                        fused_two_stage_min_bytes=64 * MiB),
 }
 
 _ENV = {
