@@ -152,33 +152,14 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
         """Every rank's address of a cuMemCreate allocation (what gfx1250 peers need),
         exported as a file descriptor and passed to each peer over a unix socket."""
         from .cuda import vmm
-        from .cuda.fdexchange import exchange_fds
         own = vmm.vmm_alloc(total, self.dev_index)
         self._vmm_own = own
         self._buffer = _device_bytes(own.ptr, total, self.device)
         self._buffer.zero_()
-        fd = vmm.vmm_export_fd(own)
-        try:
-            fds = exchange_fds(fd, self.rank, self.world, lambda out, obj:
-                               self._dist.all_gather_object(out, obj, group=self.group))
-        finally:
-            os.close(fd)
-        bases = []
-        try:
-            for r, peer_fd in enumerate(fds):
-                if peer_fd is None:
-                    bases.append(own.ptr)
-                    continue
-                try:
-                    mapped = vmm.vmm_import_fd(peer_fd, own.size, self.dev_index)
-                finally:
-                    os.close(peer_fd)
-                self._opened.append(mapped)
-                bases.append(mapped.ptr)
-        except BaseException:
-            for mapped in self._opened:
-                vmm.vmm_free(mapped)
-            raise
+        bases, self._opened = vmm.share_with_peers(
+            own, self.rank, self.world,
+            lambda out, obj: self._dist.all_gather_object(out, obj, group=self.group),
+            self.dev_index)
         return bases
 
     @staticmethod

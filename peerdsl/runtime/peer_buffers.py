@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,26 +145,13 @@ class PeerBuffers:
 
     def _share_by_vmm(self, nbytes: int) -> tuple[Any, list[int]]:
         from .cuda import vmm
-        from .cuda.fdexchange import exchange_fds
         own = vmm.vmm_alloc(nbytes, self.dev_index)
         self._peer_state()["own"].append(own)
-        fd = vmm.vmm_export_fd(own)
-        try:
-            fds = exchange_fds(fd, self.rank, self.world, lambda out, obj:
-                               self._dist.all_gather_object(out, obj, group=self.group))
-        finally:
-            os.close(fd)
-        addresses = []
-        for peer_fd in fds:
-            if peer_fd is None:
-                addresses.append(own.ptr)
-                continue
-            try:
-                mapped = vmm.vmm_import_fd(peer_fd, own.size, self.dev_index)
-            finally:
-                os.close(peer_fd)
-            self._peer_state()["vmm"].append(mapped)
-            addresses.append(mapped.ptr)
+        addresses, mapped = vmm.share_with_peers(
+            own, self.rank, self.world,
+            lambda out, obj: self._dist.all_gather_object(out, obj, group=self.group),
+            self.dev_index)
+        self._peer_state()["vmm"].extend(mapped)
         return own, addresses
 
     def _registered_table(self, buf: PeerBuffer) -> int:

@@ -11,6 +11,7 @@ handle; the physical memory goes away when every process has released it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Sequence
 
 from ._driver import check, driver
@@ -136,3 +137,35 @@ def vmm_free(alloc: VmmAllocation) -> None:
     check(drv.cuMemAddressFree(alloc.ptr, alloc.size), "cuMemAddressFree")
     check(drv.cuMemRelease(alloc.handle), "cuMemRelease")
     alloc.freed = True
+
+
+def share_with_peers(own: Any, rank: int, world: int, all_gather: Any,
+                     device: int) -> tuple[list[int], list[Any]]:
+    """Every rank's address of its allocation `own` (collective): this rank's handle is
+    exported as a file descriptor, passed to each peer over a unix socket, and the peers'
+    are mapped here. Returns (addresses by rank, the mappings made, for the caller to free);
+    on a failure the mappings made so far are freed before the error propagates."""
+    from .fdexchange import exchange_fds
+    fd = vmm_export_fd(own)
+    try:
+        fds = exchange_fds(fd, rank, world, all_gather)
+    finally:
+        os.close(fd)
+    addresses: list[int] = []
+    mapped_here: list[Any] = []
+    try:
+        for peer_fd in fds:
+            if peer_fd is None:
+                addresses.append(own.ptr)
+                continue
+            try:
+                mapped = vmm_import_fd(peer_fd, own.size, device)
+            finally:
+                os.close(peer_fd)
+            mapped_here.append(mapped)
+            addresses.append(mapped.ptr)
+    except BaseException:
+        for mapped in mapped_here:
+            vmm_free(mapped)
+        raise
+    return addresses, mapped_here
