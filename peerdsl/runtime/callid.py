@@ -62,18 +62,20 @@ def _short(v: Any) -> Any:
     return type(v).__name__
 
 
+_DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
+
+
 def describe_key(key: tuple) -> str:
-    """'all_reduce bf16 (64, 6144) [allreduce_2stage T=bf16 W=4]' for a description key."""
+    """'all_reduce(bf16[64, 6144]) via allreduce_2stage T=bf16 W=4' for a description key."""
     op, args, kwargs, kernel, constexprs, world = key
-    parts = [op]
-    for a in args:
+
+    def show(a: Any) -> str:
         if isinstance(a, tuple) and len(a) == 2:
-            parts.append(f"{str(a[0]).replace('torch.', '')} {tuple(a[1])}")
-        else:
-            parts.append(repr(a))
-    parts += [f"{k}={v!r}" for k, v in kwargs]
+            return f"{_DTYPE_NAMES.get(str(a[0]), str(a[0]))}{list(a[1])}"
+        return repr(a)
+    inner = [show(a) for a in args] + [f"{k}={show(v)}" for k, v in kwargs]
     cx = " ".join(f"{k}={v}" for k, v in constexprs)
-    return " ".join(parts) + f" [kernel {kernel} {cx}, world {world}]"
+    return f"{op}({', '.join(inner)}) via {kernel} {cx}".rstrip()
 
 
 class CallLog:

@@ -139,6 +139,15 @@ class SimAborted(SimError):
     """Another rank of the simulated job failed, so this rank's collective cannot run."""
 
 
+class SimCallMismatch(SimError):
+    """Ranks made different host-level collective calls at the same point (a launch on one,
+    an exchange on another: e.g. one rank takes the torch.distributed fallback)."""
+
+
+class SimPeerGone(SimError):
+    """A rank waits in a collective call that peers will never make: they returned."""
+
+
 class SimRendezvousTimeout(SimError):
     """A rank waited longer than the job's rendezvous timeout for its peers to make the same
     collective call (a peer is stuck, dead, or making other calls)."""

@@ -56,8 +56,8 @@ import torch
 from ... import layout
 from ...dsl import ir
 from ...dsl.kernel import Kernel as DslKernel
-from ..errors import (CollectiveError, SimAborted, SimError, SimRendezvousTimeout,
-                      error_from_record)
+from ..errors import (CollectiveError, SimAborted, SimCallMismatch, SimPeerGone,
+                      SimRendezvousTimeout, error_from_record)
 from .device import DeviceBuffer, Launch, SimSystem
 
 _SIG_ERR_BYTE = layout.SIG_ERROR * 4
@@ -172,7 +172,7 @@ class SimJob:
         if self.failed is not None:
             raise SimAborted(f"rank {rank}: another rank failed: {self.failed!r}")
         if self.exited:
-            raise SimError(f"rank {rank} waits in a collective {kind} that ranks "
+            raise SimPeerGone(f"rank {rank} waits in a collective {kind} that ranks "
                            f"{sorted(self.exited)} never made (they returned)")
         raise SimRendezvousTimeout(
             f"rank {rank} waited {self.rendezvous_timeout_s:g} s in a collective {kind} that "
@@ -192,7 +192,7 @@ class SimJob:
     def _execute(self, slots: dict[int, tuple[str, Any]]) -> list:
         kinds = {k for k, _ in slots.values()}
         if len(kinds) != 1:
-            raise SimError("ranks made different collective calls at the same point: " +
+            raise SimCallMismatch("ranks made different collective calls at the same point: " +
                            ", ".join(f"rank {r}: {slots[r][0]}" for r in sorted(slots)))
         kind = kinds.pop()
         items = [slots[r][1] for r in range(self.world)]
