@@ -102,8 +102,8 @@ def _wait_slot(slot: Pointer, target: Scalar, tag: Scalar, limit: Any, sig: Poin
     reached = wge(seen, target)
     ok = reached & ~ahead & ~aborted & ~differs
     if not ok:
-        cause = select(reached, select(ahead, layout.CAUSE_SKEW,
-                                       select(aborted, layout.CAUSE_ABORTED,
+        cause = select(reached, select(aborted, layout.CAUSE_ABORTED,
+                                       select(ahead, layout.CAUSE_SKEW,
                                               layout.CAUSE_MISMATCH)),
                        layout.CAUSE_TIMEOUT)
         record_error(sig, rank, what, target, seen, cause, peer, tag, peer_tag)
