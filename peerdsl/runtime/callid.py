@@ -25,12 +25,14 @@ import zlib
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from .. import layout
 from .errors import (CollectiveError, CommunicatorBroken, CommunicatorClosed, SimError,
                      error_from_record)
 
 SEQ_MULT = 0x9E3779B1
+_Tensor = torch.Tensor
 _CODES: dict[tuple, int] = {}      # description key -> code (process-wide, bounded)
 _NAMES: dict[int, tuple] = {}      # code -> description key, to name a peer's tag
 
@@ -63,6 +65,21 @@ def _short(v: Any) -> Any:
 
 
 _DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
+
+
+def _describe(args: tuple) -> tuple:
+    """The positional arguments' part of a call's identity: the first tensor's dtype and
+    shape (the entry points check every other tensor against it: residual and weight
+    against x), every non-tensor argument itself. Kept lean: it runs on every eager call."""
+    out, seen_tensor = [], False
+    for v in args:
+        if v.__class__ is _Tensor or isinstance(v, _Tensor):
+            if not seen_tensor:
+                out.append((v.dtype, v.shape))
+                seen_tensor = True
+        else:
+            out.append(_short(v))
+    return tuple(out)
 
 
 def describe_key(key: tuple) -> str:
@@ -112,7 +129,8 @@ def collective_call(fn: Callable) -> Callable:
     def entry(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self._call_depth:
             return fn(self, *args, **kwargs)
-        self._refuse()
+        if self._closed or self._broken is not None:
+            self._refuse()
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         self._call_entry = (op, args, kwargs)
         self._call_launches = 0
@@ -180,10 +198,14 @@ class CallIdentity:
             self._call_entry = None
         self._call_launches += 1
         op, a, k = self._call_entry or (name, (), {})
-        key = (op, tuple(map(_short, a)), tuple((n, _short(v)) for n, v in k.items()), name,
-               tuple(constexprs.items()), self.world)
-        tag = tag_of(self._seq, code_of(key))
-        self._call_log.record(self._seq, tag, key)
+        key = (op, _describe(a), tuple([(n, _short(v)) for n, v in k.items()]) if k else (),
+               name, tuple(constexprs.items()), self.world)
+        code = _CODES.get(key)
+        if code is None:
+            code = code_of(key)
+        seq = self._seq
+        tag = ((seq * SEQ_MULT) ^ code) & layout.TAG_MASK
+        self._call_log.recent.append((seq, tag, key))
         return tag
 
     def _describe_tag(self, tag: int) -> str:
