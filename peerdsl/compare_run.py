@@ -223,7 +223,15 @@ def check_dsl_args(entry: KernelEntry, values: dict[str, Any], rank: int) -> Non
                            f"{missing}, unknown {unknown} (the kernel takes {want})")
 
 
+# The tag every rank's DSL kernel gets for its dsl.CallId parameters: peers compare tags, so
+# any value works as long as all ranks pass the same one (a recipe never passes it).
+COMPARE_CALL_TAG = 1
+
+
 def pack_dsl(entry: KernelEntry, values: dict[str, Any], rank: int = 0) -> bytes:
+    calls = [a.name for a in entry.args if a.role == "call_id" and a.name not in values]
+    if calls:
+        values = {**values, **{name: COMPARE_CALL_TAG for name in calls}}
     check_dsl_args(entry, values, rank)
     return entry.pack_plan().pack(values)
 

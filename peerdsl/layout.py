@@ -24,21 +24,40 @@ def peer_row(addresses: list[int]) -> list[int]:
 
 
 # Signal words (i32 index). One slot array: barrier k of a launch writes epoch base+k, and
-# every wait compares with >=, so the values only grow whatever kernels share the Signal.
-SIG_SLOTS = 0                                   # [MAX_BLOCKS][MAX_RANKS]: epoch from peer
-SIG_EPOCH = SIG_SLOTS + MAX_BLOCKS * MAX_RANKS  # [MAX_BLOCKS]: this rank's block epochs
+# every wait compares wrap-safely (the sign of the 32-bit difference: docs/RELIABILITY.md),
+# so the values only move forward whatever kernels share the Signal. A slot is one 8-byte
+# word {epoch, tag} stored with one release store: the tag (the call's identity, or with
+# TAG_ABORT set when the sender's block already failed) lands with the epoch it belongs to.
+SLOT_WORDS = 2
+SIG_SLOTS = 0                                   # [MAX_BLOCKS][MAX_RANKS] {epoch, tag} from peer
+SIG_EPOCH = SIG_SLOTS + MAX_BLOCKS * MAX_RANKS * SLOT_WORDS  # [MAX_BLOCKS]: block epochs
 SIG_LL_EPOCH = SIG_EPOCH + MAX_BLOCKS           # one LL epoch shared by every LL launch
 SIG_LL_DONE = SIG_LL_EPOCH + 1                  # blocks of the current LL launch that finished
 SIG_SPIN_LIMIT = SIG_LL_DONE + 1                # iterations a spin may take (set by the host)
-SIG_ERROR = SIG_SPIN_LIMIT + 1                  # [8]: flag, rank, block, what, expected, seen
-ERROR_WORDS = 8
+SIG_ERROR = SIG_SPIN_LIMIT + 1                  # the error record, ERROR_WORDS words:
+ERR_FLAG, ERR_RANK, ERR_BLOCK, ERR_WHAT, ERR_EXPECTED, ERR_SEEN = range(6)
+ERR_CAUSE, ERR_PEER, ERR_TAG, ERR_PEER_TAG = range(6, 10)  # ERR_PEER: peer + 1 (0: none)
+ERROR_WORDS = 10
 SIGNAL_WORDS = SIG_ERROR + ERROR_WORDS
-SIGNAL_BYTES = (SIGNAL_WORDS * 4 + 4095) // 4096 * 4096
+SPARE_WORDS = MAX_BLOCKS    # words after SIGNAL_WORDS no protocol touches (tests' own counters)
+SIGNAL_BYTES = ((SIGNAL_WORDS + SPARE_WORDS) * 4 + 4095) // 4096 * 4096
 
 # what a spin waited for, in the error record
 WAIT_START, WAIT_END, WAIT_LL, WAIT_FLAG, WAIT_SYNC = 1, 2, 3, 4, 5
 WAIT_NAMES = {WAIT_START: "start barrier", WAIT_END: "end barrier", WAIT_LL: "LL line",
               WAIT_FLAG: "flag", WAIT_SYNC: "phase barrier"}
+
+# why a wait failed (ERR_CAUSE); 0 keeps the meaning every record had before: a timeout
+CAUSE_TIMEOUT = 0   # the peer never arrived within the spin limit
+CAUSE_MISMATCH = 1  # the peer arrived at this epoch with another call's tag
+CAUSE_ABORTED = 2   # the peer arrived with TAG_ABORT: one of its waits had failed
+CAUSE_SKEW = 3      # the peer is more than one barrier ahead: it ran barriers this rank did not
+
+# Call tags (31 bits, computed by the host for every collective call: runtime/callid.py).
+# TAG_ABORT marks an arrival or LL line of a rank whose wait already failed: peers that see it
+# raise instead of consuming what that rank wrote.
+TAG_MASK = 0x7FFFFFFF
+TAG_ABORT = 1 << 31
 
 
 def ll_packets(ll_max_bytes: int = LL_MAX_BYTES) -> int:

@@ -7,6 +7,9 @@ Checks, per TP: SPEC section 7's shapes in bf16 and fp16, eager and graph replay
 without FP8 and gemma: every rank bitwise identical and equal to the unfused path; 1000
 graph replays stay correct; the interleave test with a different GPU-side delay per rank
 every step; a missing rank makes the others raise CollectiveTimeout within the bound.
+`--faults` adds issue 14's runtime fault cases (scripts/gpu_faults.py: a rank skipping a call,
+bad input on one rank, disagreeing rows, a rank delayed past the spin limit, epochs near the
+2^31 / 2^32 wraps, calls after close()); `--faults-only` runs just those.
 Writes a JSON summary to $OUT/gpu_collectives.json (or --json).
 """
 from __future__ import annotations
@@ -54,7 +57,7 @@ def _fused(comm, x, res, w, path, **opt):
 
 
 def rank_main(rank: int, world: int, port: int, build: str, steps: int, replays: int,
-              allocator: str = "ipc") -> dict:
+              allocator: str = "ipc", faults: str = "no") -> dict:
     import torch
     import torch.distributed as dist
     from peerdsl.runtime.communicator import Communicator
@@ -64,6 +67,9 @@ def rank_main(rank: int, world: int, port: int, build: str, steps: int, replays:
                             world_size=world)
     dev = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
     torch.cuda.set_device(dev)
+    if faults == "only":
+        return _with_faults({"rank": rank, "checks": 0, "failures": []}, rank, world, build,
+                            dev, allocator, dist)
     comm = Communicator(device=dev, build_dir=build, timeout_s=2.0, allocator=allocator)
     report: dict = {"rank": rank, "arch": comm.arch, "allocator": allocator, "checks": 0,
                     "failures": []}
@@ -190,6 +196,24 @@ def rank_main(rank: int, world: int, port: int, build: str, steps: int, replays:
             os.environ.pop("PEERDSL_LL_MAX_BYTES", None)
     torch.cuda.synchronize(dev)
     dist.barrier()
+    comm.close()
+    if faults == "yes":
+        return _with_faults(report, rank, world, build, dev, allocator, dist)
+    dist.destroy_process_group()
+    return report
+
+
+def _with_faults(report: dict, rank: int, world: int, build: str, dev, allocator: str,
+                 dist) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_faults import run_faults
+    t0 = time.time()
+    rep = run_faults(rank, world, build, dev, allocator)
+    report["faults"] = {k: rep[k] for k in ("cases", "calls", "exact", "errors", "corruptions")}
+    report["faults"]["s"] = round(time.time() - t0, 1)
+    report["failures"] += [f"faults: {f}" for f in rep["failures"]]
+    report["checks"] += rep["calls"]
+    dist.barrier()
     dist.destroy_process_group()
     return report
 
@@ -223,11 +247,15 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--allocator", choices=["ipc", "vmm"], default="ipc",
                     help="peer memory: CUDA IPC handles (default) or cuMemCreate + fd passing")
+    ap.add_argument("--faults", action="store_true", help="also run issue 14's fault cases")
+    ap.add_argument("--faults-only", action="store_true", help="run only the fault cases")
     ap.add_argument("--rank-worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    faults = "only" if args.faults_only else "yes" if args.faults else "no"
     if args.rank_worker:
         rank, world, port = args.rank_worker
-        rep = rank_main(rank, world, port, args.build, args.steps, args.replays, args.allocator)
+        rep = rank_main(rank, world, port, args.build, args.steps, args.replays, args.allocator,
+                        faults)
         print("REPORT " + json.dumps(rep), flush=True)
         return 0
     import torch
@@ -242,7 +270,9 @@ def main() -> int:
                                        "--allocator", args.allocator,
                                        "--steps", str(args.steps), "--replays",
                                        str(args.replays), "--rank-worker", str(r), str(tp),
-                                       str(port)], env=env, stdout=subprocess.PIPE,
+                                       str(port)] + {"yes": ["--faults"], "only": [
+                                           "--faults-only"], "no": []}[faults],
+                                      env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True)
                      for r in range(tp)]
             reports = []

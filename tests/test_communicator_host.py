@@ -173,14 +173,14 @@ def test_collective_grids_are_capped_by_occupancy_split_between_sharing_ranks(mo
         c._resident_cap(kernel)
 
 
-def test_eager_launch_raises_the_recorded_timeout_once(comm, monkeypatch):
-    from peerdsl.runtime.errors import CollectiveTimeout
+def test_eager_launch_raises_the_recorded_timeout_then_refuses(comm, monkeypatch):
+    from peerdsl.runtime.errors import CollectiveTimeout, CommunicatorBroken
     monkeypatch.setattr(comm, "_stream_capturing", lambda: False)
     at = layout.SIG_ERROR * 4
     words = comm._buffer[at:at + 4 * layout.ERROR_WORDS]
     comm.null_collective()                       # no error recorded: nothing raised
-    words.copy_(torch.tensor([1, 2, 3, layout.WAIT_END, 7, 5, 0, 0], dtype=torch.int32)
-                .view(torch.uint8))
+    record = [1, 2, 3, layout.WAIT_END, 7, 5] + [0] * (layout.ERROR_WORDS - 6)
+    words.copy_(torch.tensor(record, dtype=torch.int32).view(torch.uint8))
     with comm.graph_capture():
         monkeypatch.setattr(comm, "_stream_capturing", lambda: True)
         comm.null_collective()                   # a captured launch never reads it
@@ -190,8 +190,35 @@ def test_eager_launch_raises_the_recorded_timeout_once(comm, monkeypatch):
     assert e.value.reporter == 1
     assert (e.value.rank, e.value.block, e.value.what, e.value.expected, e.value.seen) == \
         (2, 3, layout.WAIT_END, 7, 5)
-    assert not words.any()                       # cleared, so the next call goes through
-    comm.null_collective()
+    # the rule after an error: the record stays set (later kernels send the abort mark) and
+    # every later call is refused before it launches
+    assert words.view(torch.int32).tolist() == record and comm.broken is e.value
+    launched = len(comm.log)
+    for call in (comm.null_collective, lambda: comm.all_reduce(torch.ones(8)),
+                 comm.check_errors):
+        with pytest.raises(CommunicatorBroken, match="null_collective: rank 2 block 3"):
+            call()
+    assert len(comm.log) == launched
+
+
+def test_close_is_idempotent_and_later_calls_launch_nothing(comm, monkeypatch):
+    from peerdsl.runtime.cuda import ipc
+    from peerdsl.runtime.errors import CommunicatorClosed
+    closed: list = []
+    monkeypatch.setattr(ipc, "ipc_close", closed.append)
+    x = torch.ones(64, dtype=torch.bfloat16)
+    comm.all_reduce(x)                           # the LL path: peer addresses cached
+    launched, freed = len(comm.log), len(comm.freed)
+    comm.close()
+    comm.close()                                 # nothing freed or closed twice
+    assert len(comm.freed) == freed + (4 if comm.allocator == "vmm" else 0)
+    assert len(closed) == (3 if comm.allocator == "ipc" else 0)
+    for call in (lambda: comm.all_reduce(x), comm.null_collective, lambda: comm.all_gather(x),
+                 lambda: comm.add_rmsnorm(x.view(1, 64), x.view(1, 64), x),
+                 comm.check_errors, lambda: comm.set_timeout(1.0)):
+        with pytest.raises(CommunicatorClosed):
+            call()
+    assert len(comm.log) == launched
 
 
 def test_kernels_are_looked_up_once(comm, monkeypatch):
@@ -213,7 +240,7 @@ def test_kernels_are_looked_up_once(comm, monkeypatch):
     assert len(comm.log) == 3 + 6
 
 
-def test_graph_capture_failures_nesting_and_alignment(comm, monkeypatch):
+def test_graph_capture_failures_reach_every_rank(comm, monkeypatch):
     from peerdsl.runtime.errors import CollectiveTimeout
     capturing = [False]
     monkeypatch.setattr(comm, "_stream_capturing", lambda: capturing[0])
@@ -229,6 +256,11 @@ def test_graph_capture_failures_nesting_and_alignment(comm, monkeypatch):
             comm.null_collective()
     assert sent == [f"rank 1: {CollectiveTimeout(0, 0, 0, 0, 0, 'null_collective', 1)!r}"]
     assert not comm._capturing and comm.tables.next_row == 1
+
+
+def test_graph_capture_nesting_and_alignment(comm, monkeypatch):
+    capturing = [False]
+    monkeypatch.setattr(comm, "_stream_capturing", lambda: capturing[0])
     # nesting is refused, and the outer context still registers at its exit
     with comm.graph_capture():
         with pytest.raises(RuntimeError, match="already open"):

@@ -21,7 +21,7 @@ from peerdsl.ops import allreduce_ll as ll_mod
 from peerdsl.ops import registry
 from peerdsl.ops._rows import NORM_BLOCK
 from peerdsl.ops.fused_ar_rms_2stage import two_stage
-from peerdsl.runtime.errors import CollectiveTimeout, SimError
+from peerdsl.runtime.errors import CollectiveError, SimError
 from peerdsl.runtime.sim.collective_comm import SimCollectiveComm
 from reference import add_rmsnorm_f64, all_reduce_ref, ulp_diff
 
@@ -129,7 +129,7 @@ def _fails_within(seeds: int) -> int:
     for seed in range(seeds):
         try:
             run_interleave(4, seed)
-        except (AssertionError, CollectiveTimeout, SimError):
+        except (AssertionError, CollectiveError, SimError):
             return seed
     pytest.fail(f"the broken variant passed {seeds} seeds")
 

@@ -4,13 +4,13 @@ from .builder import TraceError
 from .intrinsics import (abs, block_id, block_size, fma, fmaximum, globaltimer, lane_id,
                          maximum, minimum, num_blocks, rcp, rsqrt, select, shared_array, shfl_xor,
                          sqrt, thread_id)
-from .kernel import (Kernel, PeerPtrs, PeerTable, Ptr, RegisteredPtrs, constexpr, dtype_of,
-                     kernel)
+from .kernel import (CallId, Kernel, PeerPtrs, PeerTable, Ptr, RegisteredPtrs, constexpr,
+                     dtype_of, kernel)
 from .lib import (FP8_MAX, block_max, block_reduce, block_sum, group_reduce, pack_rne,
                   to_fp8)
 from .memory import (atomic, atomic_add, atomic_cas, atomic_max, atomic_xchg, barrier, fence,
                      load, store)
-from .signal import Signal, record_error, spin_limit, spin_until_ge
+from .signal import Signal, record_error, spin_limit, spin_until_ge, wge, wlt
 from .transform import plain
 from .values import Pointer, Scalar, Vector, as_scalar, pack
 

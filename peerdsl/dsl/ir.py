@@ -10,7 +10,9 @@ Op catalogue (name: operands -> results; attrs):
   fmaximum: a, b -> r                     (f32 only: IEEE 754-2019 maximum, NaN propagates)
   fma: a, b, c -> r
   neg abs rsqrt rcp sqrt not: a -> r
-  cmp: a, b -> i1; pred in lt le gt ge eq ne
+  cmp: a, b -> i1; pred in lt le gt ge eq ne, wlt wge
+        (wlt/wge: wrap-safe compare of integer counters, by the sign of the wrapping
+        difference: a wge b iff (a - b) mod 2^n < 2^(n-1); what epochs use)
   select: c, a, b -> r
   cast: a -> r; kind in sext zext trunc sitofp fptosi extf truncf bitcast
         (truncf is round-to-nearest-even; bitcast also between vectors of equal size)
@@ -152,6 +154,7 @@ class Param:
     name: str
     type: Any  # ScalarType or PtrType
     value: Value
+    role: str = ""  # "call_id": filled by the runtime (dsl.CallId), never by the caller
 
 
 @dataclasses.dataclass
@@ -198,7 +201,8 @@ def print_kernel(kernel: Kernel, with_locs: bool = False) -> str:
         return names[v.id]
 
     lines = []
-    params = ", ".join(f"{name(p.value)}: {p.type} {p.name}" for p in kernel.params)
+    params = ", ".join(f"{name(p.value)}: {p.type} {p.name}" + (f" [{p.role}]" if p.role else "")
+                       for p in kernel.params)
     consts = ", ".join(f"{k}={v!r}" for k, v in sorted(kernel.constexprs.items()))
     lines.append(f"kernel {kernel.name}({params}) block={kernel.block_size} [{consts}] {{")
     for op in kernel.shared:

@@ -42,6 +42,21 @@ PeerPtrs = _PtrFactory("by_value")  # up to 8 peer pointers, passed as kernel ar
 RegisteredPtrs = _PtrFactory("in_memory")
 
 
+class _CallIdAnnotation:
+    """`call: dsl.CallId`: an i32 the runtime fills for every launch with the call's tag (who
+    is calling what: op, dtype, shape, path, world and the communicator's sequence number,
+    hashed to 31 bits; see runtime/callid.py). The caller never passes it. Hand it to
+    `dsl.Signal(sig, rank, W, call=call)` so peers can check that they run the same call."""
+
+    role = "call_id"
+
+    def __repr__(self) -> str:
+        return "dsl.CallId"
+
+
+CallId = _CallIdAnnotation()
+
+
 def dtype_of(x: Any) -> ir.ScalarType:
     """An ir scalar type from an ir type, a name ('bf16') or a torch dtype."""
     if isinstance(x, (ir.ScalarType, ir.VectorType)):
@@ -192,6 +207,10 @@ class Kernel:
                     params.append(ir.Param(f"{name}_{i}" if table else name, ptype, v))
                     ptrs.append(Pointer(v))
                 call_args[name] = PeerTable(ptrs) if table else ptrs[0]
+            elif isinstance(ann, _CallIdAnnotation):
+                v = ir.Value(ir.i32, body)
+                params.append(ir.Param(name, ir.i32, v, role=ann.role))
+                call_args[name] = Scalar(v)
             elif isinstance(ann, ir.ScalarType) and ann in (ir.i32, ir.i64, ir.f32):
                 v = ir.Value(ann, body)
                 params.append(ir.Param(name, ann, v))
@@ -199,7 +218,7 @@ class Kernel:
             else:
                 raise TraceError(f"kernel {self.name}: parameter {name!r} needs an annotation: "
                                  "Ptr[dtype], PeerPtrs[dtype], RegisteredPtrs[dtype], i32, i64, "
-                                 "f32 or constexpr")
+                                 "f32, dsl.CallId or constexpr")
         body.args = [p.value for p in params]
         with tracing(block_size, constexprs) as st:
             st.blocks.append(body)

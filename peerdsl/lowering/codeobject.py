@@ -83,8 +83,13 @@ def name_args(kernel: ir.Kernel, meta_args: list[dict[str, Any]]) -> list[dict[s
             raise CompileError(f"{kernel.name}: arg {p.name} is {a['size']} bytes in the code "
                                f"object, expected {_param_size(p.type)}")
         out.append({"name": p.name, "type": _param_type(p.type), "offset": a["offset"],
-                    "size": a["size"]})
+                    "size": a["size"], **_role(p)})
     return out
+
+
+def _role(p: ir.Param) -> dict[str, str]:
+    """{"role": "call_id"} for a parameter the runtime fills (dsl.CallId), else nothing."""
+    return {"role": p.role} if getattr(p, "role", "") else {}
 
 
 def _param_size(t: Any) -> int:
@@ -101,7 +106,8 @@ def nvidia_params(kernel: ir.Kernel) -> tuple[list[dict[str, Any]], int]:
     for p in kernel.params:
         size = _param_size(p.type)
         off = (off + size - 1) // size * size
-        out.append({"name": p.name, "type": _param_type(p.type), "offset": off, "size": size})
+        out.append({"name": p.name, "type": _param_type(p.type), "offset": off, "size": size,
+                    **_role(p)})
         off += size
     return out, off
 

@@ -26,7 +26,11 @@ _INT_BIN = {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "div"
 _FLT_BIN = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": "arith.divf",
             "rem": "llvm.frem", "min": "llvm.intr.minnum", "max": "llvm.intr.maxnum",
             "fmaximum": "llvm.intr.maximum"}
-_ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
+_ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne",
+         "wlt": "slt", "wge": "sge"}
+# wrap-safe counter compares (epochs): a wlt b is (a - b) < 0 on the wrapping difference, so a
+# counter that wrapped past 2^31 or 2^32 still compares by distance, never by magnitude
+_WRAP_CMP = ("wlt", "wge")
 # ordered compares, except ne which is unordered so NaN != NaN is true (as in Python / IEEE)
 _FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
 
@@ -288,6 +292,9 @@ class _Gen(OpsMixin):
         self.check(pred in table, f"unknown predicate {pred!r}")
         kind = "arith.cmpf" if t.is_float else "arith.cmpi"
         a, b = map(self.use, op.operands)
+        if pred in _WRAP_CMP:  # the sign of the wrapping difference (no nsw: it may wrap)
+            diff = self.val(f"arith.subi {a}, {b} : {t}")
+            a, b = diff, self.const(0, str(t))
         self.emit(f"{self.bind(op.result)} = {kind} {table[pred]}, {a}, {b} : {t}")
 
     def op_select(self, op: ir.Op) -> None:

@@ -7,11 +7,11 @@ from .registry import register
 
 @dsl.kernel(block_size=BLOCK)
 def allgather(inp: RegisteredPtrs[dsl.i32], out: Ptr[dsl.i32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
-              n_packs: dsl.i32, W: constexpr):
-    signal = dsl.Signal(sig, rank, W)
+              n_packs: dsl.i32, call: dsl.CallId, W: constexpr):
+    signal = dsl.Signal(sig, rank, W, call=call)
     signal.start()
     dst = out.cast(dsl.i32x4)
-    for i in range(global_thread(), n_packs, grid_threads()):
+    for i in range(global_thread(), signal.bound(n_packs), grid_threads()):
         for r in range(W):
             dst[r * n_packs + i] = inp[r].cast(dsl.i32x4)[i]
     signal.end()

@@ -8,11 +8,11 @@ from .registry import register
 
 @dsl.kernel(block_size=BLOCK)
 def allreduce_1stage(inp: RegisteredPtrs["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
-                     n_packs: dsl.i32, T: constexpr, W: constexpr):
-    signal = dsl.Signal(sig, rank, W)
+                     n_packs: dsl.i32, call: dsl.CallId, T: constexpr, W: constexpr):
+    signal = dsl.Signal(sig, rank, W, call=call)
     signal.start()
     P = dsl.vec16(T)
-    for i in range(global_thread(), n_packs, grid_threads()):
+    for i in range(global_thread(), signal.bound(n_packs), grid_threads()):
         acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
         out.cast(P)[i] = dsl.pack_rne(acc, T)
     signal.end()

@@ -13,17 +13,17 @@ from .registry import register
 @dsl.kernel(block_size=BLOCK)
 def allreduce_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], out: Ptr["T"],
                      sig: PeerPtrs[dsl.i32], rank: dsl.i32, shard_packs: dsl.i32,
-                     T: constexpr, W: constexpr):
+                     call: dsl.CallId, T: constexpr, W: constexpr):
     # shard_packs: packs per shard; the input holds W * shard_packs packs (padded by the host)
-    signal = dsl.Signal(sig, rank, W)
+    signal = dsl.Signal(sig, rank, W, call=call)
     signal.start()
     P = dsl.vec16(T)
-    for j in range(global_thread(), shard_packs, grid_threads()):
+    for j in range(global_thread(), signal.bound(shard_packs), grid_threads()):
         i = rank * shard_packs + j
         acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
         staging[rank].cast(P)[j] = dsl.pack_rne(acc, T)
     signal.sync()
-    for j in range(global_thread(), shard_packs, grid_threads()):
+    for j in range(global_thread(), signal.bound(shard_packs), grid_threads()):
         for r in range(W):
             out.cast(P)[r * shard_packs + j] = staging[r].cast(P)[j]
     signal.end()

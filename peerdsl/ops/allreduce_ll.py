@@ -1,43 +1,72 @@
 """LL all-reduce (SPEC section 3), for inputs up to the LL cap (4 MiB).
 
 Each thread takes 16-byte packs of this rank's input, read in place, and pushes each as two
-LL lines {data0, epoch, data1, epoch} into every rank's scratch (bank = epoch parity, region
-of the source rank). Then it reads the lines of every rank for the same packs from its own
-scratch, accepts a line once both flags equal the epoch, and sums in rank order.
+LL lines {data0, epoch, data1, epoch ^ tag} into every rank's scratch (bank = epoch parity,
+region of the source rank). Then it reads the lines of every rank for the same packs from its
+own scratch, accepts a line once its flags are {epoch, epoch ^ tag} (each 8-byte half carries
+one, so a torn line is never accepted), and sums in rank order.
 
 The epoch is one device-side word of the Signal, shared by every LL launch and advanced once
 per launch by the last block to finish, so a change of grid between launches can never let a
-block accept a stale line.
+block accept a stale line. It is never 0 (zeroed scratch never matches) and keeps
+alternating banks across the 2^32 wrap. The tag (`dsl.CallId`: the call's identity) in the
+second flag makes a line of another call a detected mismatch, never a silently summed term;
+a rank whose error record was set when the launch started pushes its lines with TAG_ABORT, so
+peers raise instead of summing what may be garbage. Graph replays repeat the tag but the
+device epoch still advances, so each replay's lines stay distinct.
 """
 from .. import dsl, layout
 from ..dsl import PeerPtrs, Ptr, constexpr
 from ._collective import BLOCK, WORLDS, global_thread, grid_threads, rank_order_sum
 from .registry import register
 
+MISMATCH_POLLS = 2  # polls in a row that see this epoch with another tag: a mismatch (one
+                    # could be a line whose halves are still landing)
 
-def _wait_line(line, epoch, me, rank):
-    """Spin (bounded) until both flag words of the 16-byte line equal the epoch."""
-    limit = dsl.spin_limit(me)
+
+def next_ll_epoch(stored):
+    """The epoch after `stored`: +1, but 0 is skipped (zeroed lines would match) by going to
+    2, so the parity, and with it the bank, still alternates across the wrap."""
+    epoch = stored + 1
+    return dsl.select(epoch == 0, 2, epoch)
+
+
+def _wait_line(line, epoch, tag, limit, me, rank, peer):
+    """Spin (bounded) until the line's flags are {epoch, epoch ^ tag}. A line of this epoch
+    with another tag, seen MISMATCH_POLLS times in a row, ends the wait as a mismatch (or an
+    abort, when the peer's tag carries TAG_ABORT); the spin also stops once any wait of this
+    rank has failed. Returns the line (garbage unless accepted: the record says so)."""
+    err = me + layout.SIG_ERROR
+    want = epoch ^ tag
     v = dsl.load(line, "system", "relaxed")
+    odd = ((v[1] == epoch) & (v[3] != want)).zext(dsl.i32)
     n = 0
-    while ((v[1] != epoch) or (v[3] != epoch)) and n < limit:
+    stop = 0
+    while ((v[1] != epoch) or (v[3] != want)) and (n < limit) and (odd < MISMATCH_POLLS)             and (stop == 0):
         v = dsl.load(line, "system", "relaxed")
+        odd = dsl.select((v[1] == epoch) & (v[3] != want), odd + 1, 0)
+        stop = dsl.load(err, "system", "relaxed")
         n = n + 1
-    if (v[1] != epoch) or (v[3] != epoch):
-        dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1])
+    if (v[1] != epoch) or (v[3] != want):
+        peer_tag = v[3] ^ epoch
+        cause = dsl.select(v[1] != epoch, layout.CAUSE_TIMEOUT,
+                           dsl.select((peer_tag ^ tag) == layout.TAG_ABORT,
+                                      layout.CAUSE_ABORTED, layout.CAUSE_MISMATCH))
+        dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1], cause, peer, tag, peer_tag)
     return v
 
 
-def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W):
+def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W, tag=0):
     """Push every pack of this thread as two LL lines into every rank's scratch.
 
     All pushes come before any collect: a thread never waits for peers between its packs,
     so a round trip is paid once per launch, not once per pack."""
     src = x.cast(dsl.i32x4)
+    flag2 = epoch ^ tag
     for i in range(global_thread(), n_packs, grid_threads()):
         words = src[i]
-        first = dsl.pack([words[0], epoch, words[1], epoch], dsl.i32)
-        second = dsl.pack([words[2], epoch, words[3], epoch], dsl.i32)
+        first = dsl.pack([words[0], epoch, words[1], flag2], dsl.i32)
+        second = dsl.pack([words[2], epoch, words[3], flag2], dsl.i32)
         slot = bank_base + rank * lines_per_peer + 2 * i
         for r in range(W):
             lines = ll[r].cast(dsl.i32x4)
@@ -45,16 +74,19 @@ def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W):
             dsl.store(lines + (slot + 1), second, "system", "relaxed")
 
 
-def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W):
+def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W, tag=0,
+               limit=None):
     """Wait for every rank's lines of this thread's packs and sum them in rank order."""
     P = dsl.vec16(T)
+    if limit is None:
+        limit = dsl.spin_limit(me)
     mine = ll[rank].cast(dsl.i32x4)
     for i in range(global_thread(), n_packs, grid_threads()):
         terms = []
         for r in range(W):
             at = bank_base + r * lines_per_peer + 2 * i
-            lo = _wait_line(mine + at, epoch, me, rank).bitcast(P)
-            hi = _wait_line(mine + (at + 1), epoch, me, rank).bitcast(P)
+            lo = _wait_line(mine + at, epoch, tag, limit, me, rank, r).bitcast(P)
+            hi = _wait_line(mine + (at + 1), epoch, tag, limit, me, rank, r).bitcast(P)
             terms.append([v.to_f32() for v in (lo[0], lo[1], lo[4], lo[5],
                                                hi[0], hi[1], hi[4], hi[5])])
         out.cast(P)[i] = dsl.pack_rne(rank_order_sum(terms), T)
@@ -62,13 +94,18 @@ def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, 
 
 @dsl.kernel(block_size=BLOCK)
 def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtrs[dsl.i32],
-                 rank: dsl.i32, n_packs: dsl.i32, lines_per_peer: dsl.i32,
+                 rank: dsl.i32, n_packs: dsl.i32, lines_per_peer: dsl.i32, call: dsl.CallId,
                  T: constexpr, W: constexpr):
     me = sig[rank]
-    epoch = dsl.load(me + layout.SIG_LL_EPOCH) + 1
+    epoch = next_ll_epoch(dsl.load(me + layout.SIG_LL_EPOCH))
+    # the record and the limit as the launch found them (plain loads beside the epoch's)
+    sticky = dsl.load(me + layout.SIG_ERROR)
+    limit = dsl.load(me + layout.SIG_SPIN_LIMIT)
     bank_base = (epoch & 1) * (W * lines_per_peer)
-    ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W)
-    ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W)
+    ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W,
+            dsl.select(sticky == 0, call, call | layout.TAG_ABORT))
+    ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W, call,
+               dsl.select(sticky == 0, limit, 0))
     dsl.barrier()
     if dsl.thread_id() == 0:
         done = dsl.atomic_add(me + layout.SIG_LL_DONE, 1, "agent", "acq_rel")

@@ -32,11 +32,11 @@ def reduce_row_packs(inp, row, H, T, W):
 def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                         residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                         sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
-                        flags: dsl.i32, T: constexpr, H: constexpr, W: constexpr,
-                        FP8: constexpr):
-    signal = dsl.Signal(sig, rank, W)
+                        flags: dsl.i32, call: dsl.CallId, T: constexpr, H: constexpr,
+                        W: constexpr, FP8: constexpr):
+    signal = dsl.Signal(sig, rank, W, call=call)
     signal.start()
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+    for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
         residual_norm_row(reduce_row_packs(inp, row, H, T, W), row, H, T, residual,
                           residual_out, weight, eps, flags, out, q, scale, FP8)
     signal.end()

@@ -37,13 +37,13 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
     shard = packs // W
     P = dsl.vec16(T)
     signal.start()
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+    for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
         for j in range(dsl.thread_id(), shard, NORM_BLOCK):
             i = row * packs + rank * shard + j
             acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
             staging[rank].cast(P)[row * shard + j] = dsl.pack_rne(acc, T)
     signal.sync()
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+    for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
         residual_norm_row(gather_row_packs(staging, row, H, T, W), row, H, T, residual,
                           residual_out, weight, eps, flags, out, q, scale, FP8)
     signal.end()
@@ -54,8 +54,9 @@ def fused_ar_rms_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residu
                         weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                         q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                         rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
-                        T: constexpr, H: constexpr, W: constexpr, FP8: constexpr):
-    two_stage(dsl.Signal(sig, rank, W), inp, staging, residual, weight, out, residual_out, q,
+                        call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr,
+                        FP8: constexpr):
+    two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out, residual_out, q,
               scale, rank, rows, eps, flags, T, H, W, FP8)
 
 

@@ -7,8 +7,8 @@ from .registry import register
 
 
 @dsl.kernel(block_size=256)
-def null_collective(sig: PeerPtrs[dsl.i32], rank: dsl.i32, W: constexpr):
-    signal = dsl.Signal(sig, rank, W)
+def null_collective(sig: PeerPtrs[dsl.i32], rank: dsl.i32, call: dsl.CallId, W: constexpr):
+    signal = dsl.Signal(sig, rank, W, call=call)
     signal.start()
     signal.finish()
 

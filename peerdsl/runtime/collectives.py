@@ -17,6 +17,7 @@ from .. import layout
 from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN
 from . import dispatch
 from .built import Built, from_registry
+from .callid import CallIdentity, collective_call, local_call
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
@@ -101,7 +102,7 @@ def _empty(x: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=x.device)
 
 
-class Collectives:
+class Collectives(CallIdentity):
     """Backend primitives a subclass provides:
         rank, world, arch, fp8_format, max_grid
         meta_layout: layout.MetaLayout    what each rank's meta buffer holds
@@ -115,6 +116,10 @@ class Collectives:
                                   table of every rank's address of it (RegisteredPtrs)
         _launch(name, constexprs, grid, args)     a kernel launch (collective ones on all ranks)
         _fallback_all_reduce(t) -> torch.Tensor   the library all-reduce (torch.distributed)
+        _write_signal(word, values)               i32 words into this rank's Signal (test hook)
+    Every collective launch's `args["call"]` is `self._call_id_for(...)` (callid.py); every
+    public entry point is a `collective_call` or `local_call`: after an error, or close(),
+    each call is refused before it launches or writes anything.
     """
 
     last_path: str = ""  # the path of the last call ("empty": returned without a launch)
@@ -154,6 +159,7 @@ class Collectives:
         return cap
 
     # ------------------------------------------------------------------ plain collectives
+    @collective_call
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         check_tensor("x", x, contiguous=False)
         if x.numel() == 0:  # torch.distributed's all-reduce of nothing: nothing
@@ -188,6 +194,7 @@ class Collectives:
                 "sig": self.signal_peers, "rank": self.rank, "shard_packs": shard})
         return self._get(out, tuple(x.shape), x.dtype)
 
+    @collective_call
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -214,6 +221,7 @@ class Collectives:
             "n_packs": packs})
         return self._get(out, shape, x.dtype)
 
+    @collective_call
     def null_collective(self) -> None:
         """A launch and one Signal barrier on every rank (the small-row latency floor)."""
         self.last_path = "null"
@@ -270,6 +278,7 @@ class Collectives:
         mirror = self._get(bufs["out"], shape, dtype) if flags & FLAG_MIRROR else None
         return NormResult(None, residual_out, q, scale, mirror)
 
+    @local_call
     def add_rmsnorm(self, x, residual, weight, eps: float = 1e-6, gemma_norm: bool = False,
                     fp8_out: bool = False, bf16_mirror: bool = False) -> NormResult:
         rows, hidden, T = self._norm_checks(x, residual, weight)
@@ -289,6 +298,7 @@ class Collectives:
                          **bufs), local=True)
         return self._norm_result(bufs, rows, hidden, x.dtype, flags)
 
+    @local_call
     def per_token_quant_fp8(self, x: torch.Tensor):
         check_tensor("x", x)
         if x.dim() != 2:
@@ -309,6 +319,7 @@ class Collectives:
                 self._get(scale, (rows, 1), torch.float32))
 
     # ------------------------------------------------------------------ fused
+    @collective_call
     def fused_allreduce_rmsnorm(self, x, residual, weight, eps: float = 1e-6,
                                 gemma_norm: bool = False, fp8_out: bool = False,
                                 bf16_mirror: bool = False) -> NormResult:

@@ -28,7 +28,7 @@ from .. import layout
 from .built import from_manifest
 from .collectives import Collectives
 from .graph_capture import GraphCapture
-from .errors import CollectiveTimeout
+from .errors import CollectiveTimeout, CommunicatorClosed
 from .peer_buffers import PeerBuffers
 from .peer_tables import PeerTables
 from .user_launch import UserLaunch
@@ -236,9 +236,13 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
             # a collective kernel's grid is capped so every rank's blocks are resident at once
             hit = self._kernels[key] = (kernel, getattr(kernel, "launch_trusted", None)
                                         or functools.partial(kernel.launch, trusted=True),
-                                        None if local else self._resident_cap(kernel))
+                                        None if local else self._resident_cap(kernel),
+                                        _call_params(kernel))
         if not local:
             grid = min(grid, hit[2])
+            tag = self._call_id_for(name, constexprs, args)
+            for param in hit[3]:  # the kernel's dsl.CallId parameters
+                args[param] = tag
         hit[1](grid, args)
         if self.check_each_call and not local and not (self._capturing
                                                         and self._stream_capturing()):
@@ -272,24 +276,41 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
     # ------------------------------------------------------------------ errors, timeouts
     def set_timeout(self, seconds: float) -> None:
         """How long a spin may wait before the kernel gives up and records an error."""
+        if self._closed:
+            raise CommunicatorClosed(self.rank)
         n = max(1, min(int(seconds * SPIN_ITERATIONS_PER_SECOND), 2**31 - 1))
         at = layout.SIG_SPIN_LIMIT * 4
         self._buffer[at:at + 4].copy_(torch.tensor([n], dtype=torch.int32).view(torch.uint8)
                                       .to(self.device))
 
     def check_errors(self, kernel_name: str = "") -> None:
-        """Synchronize and raise CollectiveTimeout if a spin of this rank expired."""
+        """Synchronize and raise the error a wait of this rank's kernels recorded (timeout,
+        mismatch, abort); once broken, CommunicatorBroken. The record stays set: every later
+        kernel (a graph replay, which no host check precedes) then sends the abort mark and
+        gives up at once, so peers raise too instead of consuming its data."""
+        self._refuse()
         at = layout.SIG_ERROR * 4
-        # a copy: on a CPU stand-in .cpu() would alias the words the next line clears
         rec = self._buffer[at:at + 4 * layout.ERROR_WORDS].cpu().numpy().view(np.int32).copy()
         if rec[0] != 0:
-            self._buffer[at:at + 4 * layout.ERROR_WORDS].zero_()
-            raise CollectiveTimeout(int(rec[1]), int(rec[2]), int(rec[3]), int(rec[4]),
-                                    int(rec[5]), kernel_name, self.rank)
+            raise self._record_error(rec, kernel_name)
+
+    def _write_signal(self, word: int, values: Any) -> None:
+        """i32 words into this rank's Signal, between calls of every rank (collective)."""
+        torch.cuda.synchronize(self.device)
+        self._dist.barrier(group=self.group)  # no peer's kernel is still writing our slots
+        data = torch.from_numpy(np.ascontiguousarray(values, np.int32)).view(torch.uint8)
+        self._buffer[4 * word:4 * word + data.numel()].copy_(data.to(self.device))
+        torch.cuda.synchronize(self.device)
+        self._dist.barrier(group=self.group)  # every rank's words are set before a launch
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        """Release peer mappings and this rank's memory (collective)."""
+        """Release peer mappings and this rank's memory (collective the first time; a second
+        close() does nothing). Every later call raises CommunicatorClosed before it
+        launches or writes anything, so no kernel runs with the freed peer addresses."""
+        if self._closed:
+            return
+        self._closed = True
         torch.cuda.synchronize(self.device)
         self._dist.barrier(group=self.group)  # no peer reads this rank's memory any more
         self._release_peer_buffers()
@@ -314,3 +335,14 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _call_params(kernel: Any) -> tuple[str, ...]:
+    """The names of a loaded kernel's runtime-filled `dsl.CallId` parameters (the manifest
+    records their role); the shipped kernels name theirs `call`."""
+    args = getattr(getattr(kernel, "entry", None), "args", None)
+    if args is None:
+        return ("call",)
+    if not any(getattr(a, "role", "") for a in args):  # a manifest without roles
+        return tuple(a.name for a in args if a.name == "call")
+    return tuple(a.name for a in args if a.role == "call_id")

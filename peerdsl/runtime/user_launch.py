@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .. import layout
+from .callid import collective_call
 from .launch_args import LaunchArgError, Signature, check_args, check_grid, signature_from_entry
 from .peer_buffers import PeerBuffer
 
@@ -29,10 +30,25 @@ class UserLaunch:
         as for any collective). `op_or_kernel`: a registered op name, or a dsl kernel whose
         variant for `constexprs` is in the manifest; `grid`: blocks (at most what can be
         resident at once for a kernel that synchronizes); `args`: the kernel's parameters by
-        name. Everything is checked before anything runs; asynchronous like any launch."""
+        name (a `dsl.CallId` parameter is filled by the runtime). Everything is checked
+        before anything runs; asynchronous like any launch."""
+        if self._broken is not None or self._closed:
+            self._refuse()
         entry = self.loader.entry_for(op_or_kernel, constexprs)
         sig = self._user_signature(entry, None if isinstance(op_or_kernel, str)
                                    else op_or_kernel)
+        if sig.synchronizes:  # a call of every rank: it takes the next sequence number first
+            self._user_collective(entry.op, entry=entry, sig=sig, grid=grid, **args)
+        else:
+            self._user_launch(entry, sig, grid, args)
+
+    @collective_call
+    def _user_collective(self, op: str, entry: Any, sig: Signature, grid: int,
+                         **args: Any) -> None:
+        self._user_launch(entry, sig, grid, args)
+
+    def _user_launch(self, entry: Any, sig: Signature, grid: int,
+                     args: Mapping[str, Any]) -> None:
         values = check_args(sig, args, self._implicit_args(entry, args), device=self.device)
         cap = None
         if sig.synchronizes:
@@ -42,12 +58,10 @@ class UserLaunch:
                      local=not sig.synchronizes)
 
     def _implicit_args(self, entry_or_kernel: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Runtime-filled argument values, merged into the user's before the check: the
-        call-identity hook (INTERFACES.md "Call identity"). A parameter whose manifest/IR
-        role is "call_id" gets `self._call_id_for(name, constexprs, args)` here once the
-        faults work provides it; until then nothing is filled (and a kernel with such a
-        parameter fails the check, naming it)."""
-        return {}
+        """Runtime-filled argument values, merged into the user's before the check: a
+        placeholder for each `dsl.CallId` parameter, which `_launch` sets to the call's tag."""
+        sig = self._user_signature(entry_or_kernel, None)
+        return {name: 0 for name in sig.runtime_filled}
 
     def _user_signature(self, entry: Any, kernel: Any) -> Signature:
         cache = self.__dict__.setdefault("_user_signatures", {})

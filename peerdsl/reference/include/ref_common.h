@@ -12,19 +12,19 @@
 #define REF_SIG_SLOTS 0
 #endif
 #ifndef REF_SIG_EPOCH
-#define REF_SIG_EPOCH 2048
+#define REF_SIG_EPOCH 4096
 #endif
 #ifndef REF_SIG_LL_EPOCH
-#define REF_SIG_LL_EPOCH 2304
+#define REF_SIG_LL_EPOCH 4352
 #endif
 #ifndef REF_SIG_LL_DONE
-#define REF_SIG_LL_DONE 2305
+#define REF_SIG_LL_DONE 4353
 #endif
 #ifndef REF_SIG_SPIN_LIMIT
-#define REF_SIG_SPIN_LIMIT 2306
+#define REF_SIG_SPIN_LIMIT 4354
 #endif
 #ifndef REF_SIG_ERROR
-#define REF_SIG_ERROR 2307
+#define REF_SIG_ERROR 4355
 #endif
 enum { WAIT_START = 1, WAIT_END = 2, WAIT_LL = 3 };
 

@@ -128,15 +128,17 @@ def vmm_import_fd(fd: int, size: int, device: int, *,
 
 
 def vmm_free(alloc: VmmAllocation) -> None:
-    """[GPU] Unmap, free the address range and release the handle (idempotent)."""
+    """[GPU] Unmap, free the address range and release the handle (idempotent). Marked
+    freed before the driver calls: if one of them fails, a retry (a second close()) leaks
+    what is left instead of unmapping or releasing anything twice."""
     if alloc.freed:
         return
+    alloc.freed = True
     drv = driver()
     ensure_context(alloc.device)
     check(drv.cuMemUnmap(alloc.ptr, alloc.size), "cuMemUnmap")
     check(drv.cuMemAddressFree(alloc.ptr, alloc.size), "cuMemAddressFree")
     check(drv.cuMemRelease(alloc.handle), "cuMemRelease")
-    alloc.freed = True
 
 
 def share_with_peers(own: Any, rank: int, world: int, all_gather: Any,

@@ -74,7 +74,24 @@ class SimCollectiveComm(SimCommunicator, Collectives):
         if local:
             self.launch_local(kernel, constexprs, grid, args)
         else:
+            args["call"] = self._call_id_for(name, constexprs, args)
             self.launch_ir(kernel, constexprs, grid, args)
+
+    def _write_signal(self, word: int, values: Any) -> None:
+        with self.job.system.lock:
+            self.device.write(self.signal + 4 * word, values)
+
+    def close(self) -> None:
+        """Free this rank's meta buffer and input pool (idempotent; every later call raises
+        CommunicatorClosed before it launches, so no kernel touches the freed memory)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self.job.system.lock:
+            for buf in (self.meta, self._pool, self._pool_table):
+                if buf is not None:
+                    self.device.free(buf)
+        self._pool = None
 
     def _fallback_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """What torch.distributed would give: a sum of every rank's tensor (rank order here)."""

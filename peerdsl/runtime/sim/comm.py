@@ -39,9 +39,11 @@ API of `SimCommunicator` (attributes, then methods):
         ir.Kernel. `args`: name -> int / float / address / DeviceBuffer, or a list of
         addresses for a PeerPtrs parameter. `delay`: this rank starts that many scheduler
         steps late (on top of the job's skew); None uses `comm.delay`. After the launch
-        each rank reads its Signal error record and raises `CollectiveTimeout` if a spin
-        expired. Simulator errors (SimDeadlock, SimHang, SimMemoryFault, SimRace, ...)
-        are raised on every rank.
+        each rank reads its Signal error record and raises its CollectiveError
+        (`CollectiveTimeout`, `CollectiveMismatch`, `CollectiveAborted`) if a wait failed.
+        Simulator errors (SimDeadlock, SimHang, SimMemoryFault, SimRace, ...) are raised on
+        every rank; a rank whose peers do not make the same call within the job's
+        `rendezvous_timeout_s` raises SimRendezvousTimeout.
     launch_local(kernel, constexprs, grid, args, seed=None) -> None
         this rank alone, no rendezvous (scheduled like the job's launches unless seeded)
     delay: int                         default start delay (scheduler steps) of this rank's
@@ -53,6 +55,7 @@ API of `SimCommunicator` (attributes, then methods):
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -61,7 +64,8 @@ import torch
 from ... import layout
 from ...dsl import ir
 from ...dsl.kernel import Kernel as DslKernel
-from ..errors import CollectiveTimeout, SimAborted, SimError
+from ..errors import (CollectiveError, SimAborted, SimCallMismatch, SimPeerGone,
+                      SimRendezvousTimeout, error_from_record)
 from .device import DeviceBuffer, Launch, SimSystem
 from .user_launch import SimUserLaunch
 
@@ -87,7 +91,9 @@ def describe_meta(off: int) -> str:
         return ""
     w = off // 4
     if w < layout.SIG_EPOCH:
-        return f"Signal slot [block {w // layout.MAX_RANKS}][peer {w % layout.MAX_RANKS}]"
+        slot, half = divmod(w - layout.SIG_SLOTS, layout.SLOT_WORDS)
+        return (f"Signal slot [block {slot // layout.MAX_RANKS}][peer "
+                f"{slot % layout.MAX_RANKS}] {('epoch', 'tag')[half]}")
     if w < layout.SIG_LL_EPOCH:
         return f"Signal epoch of block {w - layout.SIG_EPOCH}"
     names = {layout.SIG_LL_EPOCH: "LL epoch", layout.SIG_LL_DONE: "LL done counter",
@@ -107,7 +113,8 @@ class SimJob:
                  ll_max_bytes: int = layout.LL_MAX_BYTES,
                  staging_bytes: int = layout.STAGING_BYTES,
                  deadlock_steps: int = 500_000, max_steps: int = 50_000_000,
-                 store_delay: int | None = None, comm_cls: type | None = None):
+                 store_delay: int | None = None, comm_cls: type | None = None,
+                 rendezvous_timeout_s: float = 120.0):
         if not 1 <= world <= layout.MAX_RANKS:
             raise ValueError(f"world {world} not in [1, {layout.MAX_RANKS}]")
         check_job = getattr(comm_cls, "check_job", None)
@@ -120,6 +127,9 @@ class SimJob:
         self.sched_options = dict(deadlock_steps=deadlock_steps, max_steps=max_steps,
                                   store_delay=store_delay)
         self.launches = 0
+        # how long a rank waits for its peers to make the same collective call (a launch runs
+        # holding the condition, so the time it takes once everyone arrived does not count)
+        self.rendezvous_timeout_s = rendezvous_timeout_s
         self._cond = threading.Condition()
         self._slots: dict[int, tuple[str, Any]] = {}
         self._gen = 0
@@ -152,18 +162,33 @@ class SimJob:
                 self._results.pop(gen - 2, None)
                 self._cond.notify_all()
             else:
-                while self._gen == gen and self.failed is None and not self.exited:
-                    self._cond.wait(0.5)
-                if self._gen == gen:
-                    self._slots.pop(rank, None)
-                    if self.failed is None:
-                        raise SimError(f"rank {rank} waits in a collective {kind} that ranks "
-                                       f"{sorted(self.exited)} never made (they returned)")
-                    raise SimAborted(f"rank {rank}: another rank failed: {self.failed!r}")
+                self._wait_for_peers(rank, kind, gen)
             res = self._results[gen]
         if isinstance(res, BaseException):
             raise res
         return res[rank]
+
+    def _wait_for_peers(self, rank: int, kind: str, gen: int) -> None:
+        """Wait (holding the condition) until the call of generation `gen` ran, or raise: a
+        peer failed, returned, or did not arrive within the rendezvous timeout."""
+        deadline = time.monotonic() + self.rendezvous_timeout_s
+        while self._gen == gen and self.failed is None and not self.exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(min(0.5, left))
+        if self._gen != gen:
+            return
+        missing = sorted(set(range(self.world)) - set(self._slots))
+        self._slots.pop(rank, None)
+        if self.failed is not None:
+            raise SimAborted(f"rank {rank}: another rank failed: {self.failed!r}")
+        if self.exited:
+            raise SimPeerGone(f"rank {rank} waits in a collective {kind} that ranks "
+                           f"{sorted(self.exited)} never made (they returned)")
+        raise SimRendezvousTimeout(
+            f"rank {rank} waited {self.rendezvous_timeout_s:g} s in a collective {kind} that "
+            f"ranks {missing} did not make (stuck, dead, or making other calls)")
 
     def exit(self, rank: int) -> None:
         with self._cond:
@@ -179,7 +204,7 @@ class SimJob:
     def _execute(self, slots: dict[int, tuple[str, Any]]) -> list:
         kinds = {k for k, _ in slots.values()}
         if len(kinds) != 1:
-            raise SimError("ranks made different collective calls at the same point: " +
+            raise SimCallMismatch("ranks made different collective calls at the same point: " +
                            ", ".join(f"rank {r}: {slots[r][0]}" for r in sorted(slots)))
         kind = kinds.pop()
         items = [slots[r][1] for r in range(self.world)]
@@ -199,7 +224,7 @@ class SimJob:
             try:
                 self.comms[r].check_errors(ln.kernel.name)
                 out.append(None)
-            except CollectiveTimeout as e:
+            except CollectiveError as e:
                 out.append(e)
         return out
 
@@ -287,12 +312,15 @@ class SimCommunicator(SimUserLaunch):
         self.check_errors(k.name)
 
     def check_errors(self, kernel_name: str = "") -> None:
-        """Raise CollectiveTimeout if a spin of this rank's kernels wrote its error record
-        (the record is cleared, so the communicator can be used again)."""
+        """Raise the CollectiveError (timeout, mismatch, abort) of this rank's error record
+        if a wait of its kernels wrote one. This primitive clears the record, so raw launches
+        can go on; the collectives refuse every call after an error (runtime/callid.py)."""
         rec = self.device.read(self.meta.addr + _SIG_ERR_BYTE, 4 * layout.ERROR_WORDS)
         words = rec.view(np.int32)
         if words[0] != 0:
             self.device.write(self.meta.addr + _SIG_ERR_BYTE,
                               np.zeros(layout.ERROR_WORDS, np.int32))
-            raise CollectiveTimeout(int(words[1]), int(words[2]), int(words[3]),
-                                    int(words[4]), int(words[5]), kernel_name, self.rank)
+            record = getattr(self, "_record_error", None)
+            if record is not None:  # the collectives: named tags, and broken from now on
+                raise record(words, kernel_name)
+            raise error_from_record(words, kernel_name, self.rank)

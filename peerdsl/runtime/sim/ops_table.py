@@ -22,7 +22,10 @@ _BOOL_ARITH = {"add": np.bitwise_xor, "sub": np.bitwise_xor, "mul": np.bitwise_a
                "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
                "min": np.bitwise_and, "max": np.bitwise_or}
 _CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-        "eq": np.equal, "ne": np.not_equal}
+        "eq": np.equal, "ne": np.not_equal,
+        # wrap-safe counter compares: the sign of the wrapping difference (numpy integer
+        # arrays wrap like the targets' two's complement subtract)
+        "wlt": lambda a, b: (a - b) < 0, "wge": lambda a, b: (a - b) >= 0}
 _F32_ONE = np.float32(1.0)
 
 
@@ -64,6 +67,8 @@ def compile_pure(op: ir.Op, ins: list[int], outs: list[int], lanes: int) -> Call
         return _binary(_INT_ARITH[name], ins[0], ins[1], o)
     if name == "cmp":
         fn = _CMP[a["pred"]]
+        if a["pred"] in ("wlt", "wge") and not (t.is_int and t.name != "i1"):
+            raise SimError(f"{a['pred']} compares integer counters, not {t} (at {op.loc})")
         if t.name in ("bf16",):
             fn = _via_f32(fn, t)
         return _binary(fn, ins[0], ins[1], o)

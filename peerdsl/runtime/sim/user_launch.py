@@ -22,10 +22,11 @@ import torch
 from ... import layout
 from ..launch_args import (LaunchArgError, Signature, check_args, check_grid,
                            signature_from_kernel)
+from ..callid import CallIdentity, collective_call
 from ..peer_buffers import PeerBuffer
 
 
-class SimUserLaunch:
+class SimUserLaunch(CallIdentity):
     """Mixed into SimCommunicator; uses its memory primitives, `exchange`, `launch_ir`,
     `launch_local`, and `_stage` where the communicator has one (SimCollectiveComm)."""
 
@@ -61,12 +62,27 @@ class SimUserLaunch:
     def launch(self, op_or_kernel: Any, /, grid: int, constexprs: Mapping[str, Any] | None = None,
                **args: Any) -> None:
         """Launch a user kernel: see the module docstring and the GPU Communicator's."""
+        if self._broken is not None or self._closed:
+            self._refuse()
         kernel = self._user_kernel(op_or_kernel)
         from .comm import _ir_of
         traced = _ir_of(kernel, dict(constexprs or {}))
         sig = getattr(traced, "_launch_signature", None)
         if sig is None:
             sig = traced._launch_signature = signature_from_kernel(kernel, traced)
+        if sig.synchronizes:  # a call of every rank: it takes the next sequence number first
+            self._user_collective(traced.name, traced=traced, sig=sig, grid=grid,
+                                  constexprs=dict(constexprs or {}), **args)
+        else:
+            self._user_launch(traced, sig, grid, args, {})
+
+    @collective_call
+    def _user_collective(self, op: str, traced: Any, sig: Signature, grid: int,
+                         constexprs: dict, **args: Any) -> None:
+        self._user_launch(traced, sig, grid, args, constexprs)
+
+    def _user_launch(self, traced: Any, sig: Signature, grid: int, args: Mapping[str, Any],
+                     constexprs: dict) -> None:
         values = check_args(sig, args, self._implicit_args(traced, args),
                             device=torch.device("cpu"), sim=True)
         grid = check_grid(sig, grid, layout.MAX_BLOCKS)
@@ -80,6 +96,9 @@ class SimUserLaunch:
                 self.copy_in(pb.backing, pb.tensor)
             synced = True
             if sig.synchronizes:
+                tag = self._call_id_for(traced.name, constexprs, dev_args)
+                for name in sig.runtime_filled:  # the kernel's dsl.CallId parameters
+                    dev_args[name] = tag
                 self.launch_ir(traced, None, grid, dev_args)
             else:
                 self.launch_local(traced, None, grid, dev_args)
@@ -92,10 +111,9 @@ class SimUserLaunch:
                     self.device.free(buf)
 
     def _implicit_args(self, entry_or_kernel: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Runtime-filled argument values (the call-identity hook of INTERFACES.md): a
-        parameter whose role is "call_id" gets `self._call_id_for(name, constexprs, args)`
-        here once the faults work provides it. Empty for now, as on the GPU."""
-        return {}
+        """Runtime-filled argument values: a placeholder for each `dsl.CallId` parameter,
+        set to the call's tag at launch."""
+        return {name: 0 for name in entry_or_kernel._launch_signature.runtime_filled}
 
     def _user_kernel(self, op_or_kernel: Any) -> Any:
         from ...dsl.kernel import Kernel
