@@ -3,7 +3,8 @@
 Each thread takes 16-byte packs of this rank's input, read in place, and pushes each as two
 LL lines {data0, epoch, data1, epoch} into every rank's scratch (bank = epoch parity, region
 of the source rank). Then it reads the lines of every rank for the same packs from its own
-scratch, accepts a line once both flags equal the epoch, and sums in rank order.
+scratch (every rank's line of a half pack read at once, then polling only a line not there
+yet), accepts a line once both flags equal the epoch, and sums in rank order.
 
 The epoch is one device-side word of the Signal, shared by every LL launch and advanced once
 per launch by the last block to finish, so a change of grid between launches can never let a
@@ -15,16 +16,17 @@ from ._collective import BLOCK, WORLDS, global_thread, grid_threads, rank_order_
 from .registry import register
 
 
-def _wait_line(line, epoch, me, rank):
-    """Spin (bounded) until both flag words of the 16-byte line equal the epoch."""
-    limit = dsl.spin_limit(me)
-    v = dsl.load(line, "system", "relaxed")
-    n = 0
-    while ((v[1] != epoch) or (v[3] != epoch)) and n < limit:
-        v = dsl.load(line, "system", "relaxed")
-        n = n + 1
+def _wait_line(line, v, epoch, me, rank):
+    """The line as first read is `v`; if either flag word is not yet the epoch, spin
+    (bounded) re-reading it until both are."""
     if (v[1] != epoch) or (v[3] != epoch):
-        dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1])
+        limit = dsl.spin_limit(me)
+        n = 0
+        while ((v[1] != epoch) or (v[3] != epoch)) and n < limit:
+            v = dsl.load(line, "system", "relaxed")
+            n = n + 1
+        if (v[1] != epoch) or (v[3] != epoch):
+            dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1])
     return v
 
 
@@ -46,18 +48,26 @@ def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W):
 
 
 def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W):
-    """Wait for every rank's lines of this thread's packs and sum them in rank order."""
+    """Wait for every rank's lines of this thread's packs and sum them in rank order.
+
+    A half pack at a time (line 0 carries elements 0-3, line 1 elements 4-7): every rank's
+    line of the half is read before any is waited for, so the W loads are in flight together
+    and only a line not there yet is polled (a spin in a `while`). Each element is summed
+    over the ranks in order, so a half at a time gives the same bits; storing each half as
+    soon as it is summed keeps one half's lines in registers, not all 2W."""
     P = dsl.vec16(T)
+    half_pack = dsl.ir.VectorType(T, 4)
     mine = ll[rank].cast(dsl.i32x4)
+    # rank r's region of this bank: uniform pointers (scalar registers), one offset per line
+    regions = [mine + (bank_base + r * lines_per_peer) for r in range(W)]
     for i in range(global_thread(), n_packs, grid_threads()):
-        terms = []
-        for r in range(W):
-            at = bank_base + r * lines_per_peer + 2 * i
-            lo = _wait_line(mine + at, epoch, me, rank).bitcast(P)
-            hi = _wait_line(mine + (at + 1), epoch, me, rank).bitcast(P)
-            terms.append([v.to_f32() for v in (lo[0], lo[1], lo[4], lo[5],
-                                               hi[0], hi[1], hi[4], hi[5])])
-        out.cast(P)[i] = dsl.pack_rne(rank_order_sum(terms), T)
+        for half in range(2):
+            lines = [region + (2 * i + half) for region in regions]
+            first = [dsl.load(line, "system", "relaxed") for line in lines]
+            got = [_wait_line(line, v, epoch, me, rank).bitcast(P)
+                   for line, v in zip(lines, first)]
+            sums = rank_order_sum([[v.to_f32() for v in (g[0], g[1], g[4], g[5])] for g in got])
+            out.cast(half_pack)[2 * i + half] = dsl.pack_rne(sums, T)
 
 
 @dsl.kernel(block_size=BLOCK)
