@@ -106,7 +106,7 @@ def test_gfx1250_isa():
     assert re.search(r"global_atomic_add_u32 .*scope:SCOPE_SYS", isa)
     assert re.search(r"global_store_b32 .*scope:SCOPE_SYS", isa)
     assert re.search(r"global_atomic_add_u32 .*scope:SCOPE_DEV", isa)      # agent
-    assert re.search(r"global_store_b128 .*scope:SCOPE_SYS", isa)          # volatile pack
+    assert re.search(r"global_store_b128 .*scope:SCOPE_SYS", isa)          # scoped pack
     assert "global_load_b128" in compiled("features", "gfx1250").isa
 
 
@@ -171,7 +171,10 @@ def test_mlir_text_scopes_and_locations():
     assert 'syncscope("agent")' in amd and 'syncscope("wavefront")' in amd
     assert 'syncscope("device")' in nv and 'syncscope("block")' in nv
     assert "agent" not in nv and "wavefront" not in nv
-    assert "monotonic" in amd and "volatile" in amd and "nontemporal" in amd
+    assert "monotonic" in amd and "nontemporal" in amd
+    # a scoped pack: av intrinsics with the scope on gfx1250, volatile elsewhere
+    assert 'llvm.amdgcn.av.store.b128' in amd and '#llvm.md_string<"">' in amd
+    assert "volatile" in mlir_gen.generate(k, "gfx942", "m")[0]
     assert 'loc("' in amd and "lowering_kernels.py" in amd
     assert "llvm.mlir.global internal @smem0_flags" in amd
 

@@ -9,7 +9,7 @@ from .kernel import (CallId, Kernel, PeerPtrs, PeerTable, Ptr, RegisteredPtrs, c
 from .lib import (FP8_MAX, block_max, block_reduce, block_sum, group_reduce, pack_rne,
                   to_fp8)
 from .memory import (atomic, atomic_add, atomic_cas, atomic_max, atomic_xchg, barrier, fence,
-                     load, store)
+                     load, shared_barrier, store)
 from .signal import Signal, record_error, spin_limit, spin_until_ge, wge, wlt
 from .transform import plain
 from .values import Pointer, Scalar, Vector, as_scalar, pack

@@ -28,7 +28,8 @@ Op catalogue (name: operands -> results; attrs):
   atomic: p, v -> old; kind in add max umax xchg, scope, order
   cas: p, expected, desired -> old; scope, order
   fence: ; scope, order
-  barrier: ;                              (block-wide execution + workgroup memory barrier)
+  barrier: ; memory in all shared         (block-wide execution + workgroup memory barrier;
+                                          memory=shared orders shared memory only; absent: all)
   smem: -> ptr<shared>; name, count      (static shared allocation, kernel scope)
   globaltimer: -> i64                     (nanoseconds)
   if: c -> results; regions then, else (each ends with yield)
@@ -46,7 +47,8 @@ Semantics (the simulator and every target agree bit for bit):
   loses); fmaximum returns NaN when either operand is NaN (which NaN is unspecified: a kernel
   must not store its payload as a result) and orders -0 below +0. vec_extract/vec_build index lanes of a vector in memory order.
   Memory: scope None = plain access; scoped scalar access = atomic with the order; scoped
-  vector access = one volatile 16-byte access (relaxed).
+  vector access = one 16-byte access (relaxed) at that scope, volatile inside a `while`
+  (a poll re-reads memory every iteration).
 """
 from __future__ import annotations
 

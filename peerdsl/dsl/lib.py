@@ -11,7 +11,7 @@ from typing import Any, Callable
 from . import ir
 from .intrinsics import (block_size, fmaximum, lane_id, maximum, minimum, select,
                          shared_array, shfl_xor, thread_id)
-from .memory import barrier
+from .memory import shared_barrier
 from .values import Scalar, Vector, as_scalar, pack
 
 FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
@@ -33,18 +33,20 @@ def group_reduce(x: Any, combine: Callable[[Any, Any], Any]) -> Scalar:
 
 
 def block_reduce(x: Any, combine: Callable[[Any, Any], Any]) -> Scalar:
-    """Reduce over the whole block; every thread gets the same bits. Contains barriers."""
+    """Reduce over the whole block; every thread gets the same bits. Contains shared-memory
+    barriers (dsl.shared_barrier): they do not order the block's global accesses."""
     x = as_scalar(x)
     groups = block_size() // 32
     x = group_reduce(x, combine)
     scratch = shared_array("__block_reduce", x.type, 32, reuse=True)
     if lane_id() == 0:
         scratch[thread_id() >> 5] = x
-    barrier()
+    # only the shared scratch is exchanged: the barriers leave global accesses in flight
+    shared_barrier()
     total = scratch[0]
     for g in range(1, groups):
         total = combine(total, scratch[g])
-    barrier()  # the scratch may be reused by the next reduction
+    shared_barrier()  # the scratch may be reused by the next reduction
     return total
 
 

@@ -3,9 +3,9 @@
 A load or store without a scope is a plain (non-atomic) access, free for the compiler to
 reorder within the rules of the target memory model. With a scope it is a single-copy-atomic
 access at that scope: scalar loads and stores become atomic with the given order; a 16-byte
-pack with a scope is a relaxed volatile access of one instruction (targets have no atomic
-vector accesses; the LL protocol relies only on the 16 bytes landing together, which every
-target gives for an aligned 16-byte access).
+pack with a scope is a relaxed access of one instruction at that scope, volatile inside a
+`while` (a poll) (targets have no atomic vector accesses; the LL protocol relies only on
+the 16 bytes landing together, which every target gives for an aligned 16-byte access).
 
 A store through a peer pointer (`Pointer.peer`: a peer-table entry indexed with anything but
 this rank's own rank) must name a scope: a plain store into another rank's memory is refused
@@ -122,3 +122,12 @@ def fence(scope: str, order: str = "acq_rel") -> None:
 def barrier() -> None:
     """Block-wide barrier: every thread arrives, and workgroup memory is made visible."""
     emit("barrier", [], [])
+
+
+def shared_barrier() -> None:
+    """Block-wide barrier that orders shared memory only: every thread arrives, and what the
+    block wrote to shared memory before it is visible after it. Global loads and stores are
+    NOT ordered by it (they may still be in flight), so on gfx1250 it waits on LDS alone
+    instead of on every outstanding global access. Use barrier() when threads of the block
+    communicate through global memory or before a Signal release."""
+    emit("barrier", [], [], memory="shared")

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..dsl import ir
+from ._gen_scoped import ScopedMixin
 from .errors import LoweringError
 
 
@@ -48,7 +49,7 @@ def _elem_bytes(t: Any) -> int:
     return t.nbytes if isinstance(t, (ir.ScalarType, ir.VectorType)) else 8
 
 
-class OpsMixin:
+class OpsMixin(ScopedMixin):
     # ------------------------------------------------------------------ casts
     def op_cast(self, op: ir.Op) -> None:
         kind, src, dst = op.attrs["kind"], op.operands[0].type, op.result.type
@@ -242,7 +243,8 @@ class OpsMixin:
             return "", "", "{" + ", ".join(attrs) + "}"
         self.check(scope in dict(self.t.syncscopes), f"unknown scope {scope!r}")
         if isinstance(vt, ir.VectorType):
-            # no atomic vectors: one volatile 16-byte access, relaxed (ir.py semantics)
+            # no atomic vectors: one volatile 16-byte access, relaxed (ir.py semantics);
+            # op_load/op_store use the av intrinsics instead where av_pack says so
             self.check(order in (None, "relaxed"), f"vector access cannot be {order}")
             return "volatile ", "", "{" + ", ".join(attrs) + "}"
         self.check(vt is not ir.i1, "atomic access of i1")
@@ -253,12 +255,16 @@ class OpsMixin:
     def op_load(self, op: ir.Op) -> None:
         p, vt = op.operands[0], op.result.type
         pre, atom, attrs = self._access(op, p, vt, store=False)
+        if self.av_pack(op, vt):
+            return self.av_load(op, mlir_type(p.type), mlir_type(vt))
         self.emit(f"{self.bind(op.result)} = llvm.load {pre}{self.use(p)}{atom} {attrs} : "
                   f"{mlir_type(p.type)} -> {mlir_type(vt)}")
 
     def op_store(self, op: ir.Op) -> None:
         p, v = op.operands
         pre, atom, attrs = self._access(op, p, v.type, store=True)
+        if self.av_pack(op, v.type):
+            return self.av_store(op, mlir_type(p.type), mlir_type(v.type))
         self.emit(f"llvm.store {pre}{self.use(v)}, {self.use(p)}{atom} {attrs} : "
                   f"{mlir_type(v.type)}, {mlir_type(p.type)}")
 
@@ -299,9 +305,6 @@ class OpsMixin:
         self.check(order in ("acquire", "release", "acq_rel"), f"fence order {order!r}")
         self.check(op.attrs.get("scope") in dict(self.t.syncscopes), "unknown scope")
         self.emit(f"llvm.fence {self.scope(op.attrs['scope'])}{order}")
-
-    def op_barrier(self, op: ir.Op) -> None:
-        self.emit("gpu.barrier")
 
     def op_smem(self, op: ir.Op) -> None:
         raise self.err("smem must be hoisted to kernel scope (Kernel.shared)")
@@ -374,10 +377,12 @@ class OpsMixin:
         ts = ", ".join(mlir_type(t) for t in types)
         self.emit(f"{{RES}}scf.while ({pairs}) : ({ts}) -> ({ts}) {{", with_loc=False)
         at = len(self.lines) - 1
+        self.poll_depth += 1  # a poll may spin here: its pack loads stay volatile
         self.region(before)
         self.emit("} do {", with_loc=False)
         aargs = [f"{self.bind(a)}: {mlir_type(a.type)}" for a in after.args]
         self.region(after, header=f"^bb0({', '.join(aargs)}):")
+        self.poll_depth -= 1
         self.lines[at] = self.lines[at].replace("{RES}", self._results(op), 1)
         self._close()
 

@@ -21,6 +21,11 @@ class Target:
     syncscopes: tuple[tuple[str, str], ...]
     # globaltimer: nanoseconds per tick of the steady counter (AMD realtime is 100 MHz)
     timer_ns_per_tick: int
+    # A scoped 16-byte access becomes llvm.amdgcn.av.{load,store}.b128 (one instruction with
+    # the scope's cache bits, no wait after it) instead of a volatile access (which waits for
+    # completion after every access). Polls inside a `while` stay volatile: LLVM hoists an
+    # av load out of a loop without stores. Verified on gfx1250 only.
+    scoped_vector_av: bool = False
 
     @property
     def is_amd(self) -> bool:
@@ -44,12 +49,12 @@ _AMD_SCOPES = (("wave", "wavefront"), ("workgroup", "workgroup"), ("agent", "age
 _NV_SCOPES = (("wave", "block"), ("workgroup", "block"), ("agent", "device"), ("system", ""))
 
 
-def _amd(arch: str, wave: int, fp8: str, mach: int) -> Target:
-    return Target(arch, "amd", wave, fp8, "hsaco", ".s", mach, _AMD_SCOPES, 10)
+def _amd(arch: str, wave: int, fp8: str, mach: int, av: bool = False) -> Target:
+    return Target(arch, "amd", wave, fp8, "hsaco", ".s", mach, _AMD_SCOPES, 10, av)
 
 
 TARGETS: dict[str, Target] = {
-    "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49),
+    "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49, av=True),
     "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
     "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1),

@@ -12,7 +12,7 @@ taken only by such rows, so every other row keeps its code, registers and bytes.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .. import dsl
 from ..dsl.lib import FP8_NAN, i8_const
@@ -58,22 +58,11 @@ def load_row_packs(base: Any, row: Any, H: int, T: Any) -> list:
     return out
 
 
-def store_row_packs(base: Any, row: Any, H: int, T: Any, values: list) -> None:
-    packs, per_thread = row_geometry(H)
-    vec = base.cast(dsl.vec16(T))
-    for k in range(per_thread):
-        if pack_valid(H, k):
-            vec[row * packs + pack_index(k)] = dsl.pack_rne(values[k], T)
-
-
-def round_to(values: list, T: Any) -> list:
-    """values rounded to T and back to f32 (what a T tensor would hold)."""
-    return [[v.to(T).to_f32() if isinstance(v, dsl.Scalar) else float(v) for v in pack]
-            for pack in values]
-
-
-def quant_row_fp8(out_f32: list, row: Any, H: int, q: Any, scale: Any, fmt: str) -> None:
-    """Per-token FP8 of one row (SPEC 2.4); out_f32 holds f32 of the T-rounded outputs.
+def quant_row_fp8(out_f32: "list | Callable[[int], list]", row: Any, H: int, q: Any,
+                  scale: Any, fmt: str) -> None:
+    """Per-token FP8 of one row (SPEC 2.4): out_f32 holds f32 of the T-rounded outputs, as a
+    list of this thread's packs or as `out_f32(k)` giving pack k (called once for the amax
+    and once for the codes, so nothing of the row need stay in registers between them).
 
     The standalone quant kernel and the fused epilogue both call this. A NaN anywhere in the
     row makes amax NaN (as torch's amax does) and an inf makes it inf; such a row is then
@@ -81,10 +70,12 @@ def quant_row_fp8(out_f32: list, row: Any, H: int, q: Any, scale: Any, fmt: str)
     its registers and pays one block-uniform compare and branch per row.
     """
     packs, per_thread = row_geometry(H)
+    pack_of = out_f32 if callable(out_f32) else out_f32.__getitem__
     amax = 0.0
     for k in range(per_thread):
-        for v in out_f32[k]:
-            amax = dsl.fmaximum(amax, dsl.abs(v))
+        if pack_valid(H, k):  # a pack past the row is zeros: it adds nothing to the max
+            for v in pack_of(k):
+                amax = dsl.fmaximum(amax, dsl.abs(v))
     amax = dsl.block_max(amax)
     s = amax * (1.0 / dsl.FP8_MAX[fmt])  # constant in double, rounded once to f32
     inv = 0.0 if s == 0.0 else dsl.rcp(s)
@@ -97,7 +88,7 @@ def quant_row_fp8(out_f32: list, row: Any, H: int, q: Any, scale: Any, fmt: str)
             # clamp is maxNum/minNum); _fix_nonfinite_row relies on exactly that.
             qvec[row * packs + pack_index(k)] = dsl.pack(
                 [0 if v == 0.0 else dsl.to_fp8(v * inv, fmt, finite=True)
-                 for v in out_f32[k]], dsl.i8)
+                 for v in pack_of(k)], dsl.i8)
     if dsl.thread_id() == 0:
         scale[row] = s
     if not (s < INF):  # block-uniform (s has the same bits on every thread): NaN or inf
@@ -167,12 +158,20 @@ def overflow_safe_inv(s: list, H: int, eps: Any) -> Any:
     return dsl.rsqrt(total / float(H) + (eps * p) * p) * p
 
 
+def normed_pack(s_k: list, weight: Any, k: int, T: Any, inv: Any, gemma: Any) -> list:
+    """(s * inv) * w for this thread's k-th pack (w + 1 with gemma), as f32."""
+    w = base_packs(weight, T)[pack_index(k)].to_f32()
+    return [(v * inv) * dsl.select(gemma, wj + 1.0, wj) for v, wj in zip(s_k, w)]
+
+
 def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, flags: Any,
                      out: Any, q: Any, scale: Any, fmt: str) -> None:
-    """Given s = f32(ar) + f32(residual) for this thread's packs, write out (and FP8)."""
+    """Given s = f32(ar) + f32(residual) for this thread's packs, write out (and FP8).
+
+    Each output pack is computed from s and its weight pack when it is written (again for
+    the FP8 codes: the same operations give the same bits), so beside s only one pack is in
+    registers at a time."""
     packs, per_thread = row_geometry(H)
-    # the weight load is issued before the reduction's barriers, so its latency overlaps them
-    w = load_row_packs(weight, 0, H, T)
     total = dsl.block_sum(sum_squares(s))
     inv = dsl.rsqrt(total / float(H) + eps)
     # Block-uniform (the sum has the same bits on every thread), so the barriers inside are
@@ -181,26 +180,49 @@ def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, f
     if total == INF:
         inv = overflow_safe_inv(s, H, eps)
     gemma = (flags & FLAG_GEMMA) != 0
-    normed = []
-    for k in range(per_thread):
-        vals = []
-        for j in range(PACK):
-            wj = dsl.select(gemma, w[k][j] + 1.0, w[k][j])
-            vals.append((s[k][j] * inv) * wj)
-        normed.append(vals)
     fp8 = (flags & FLAG_FP8) != 0
     if (not fp8) or ((flags & FLAG_MIRROR) != 0):
-        store_row_packs(out, row, H, T, normed)
+        vec = base_packs(out, T)
+        for k in range(per_thread):
+            if pack_valid(H, k):
+                vec[row * packs + pack_index(k)] = dsl.pack_rne(
+                    normed_pack(s[k], weight, k, T, inv, gemma), T)
     if fp8:
-        quant_row_fp8(round_to(normed, T), row, H, q, scale, fmt)
+        quant_row_fp8(lambda k: [v.to(T).to_f32() for v in normed_pack(s[k], weight, k, T, inv,
+                                                                      gemma)],
+                      row, H, q, scale, fmt)
 
 
-def residual_norm_row(ar: list, row: Any, H: int, T: Any, residual: Any, residual_out: Any,
-                      weight: Any, eps: Any, flags: Any, out: Any, q: Any, scale: Any,
-                      fmt: str) -> None:
-    """Given this thread's all-reduced packs of a row (f32 of T values): add the residual,
-    write residual_out, and run the RMSNorm epilogue. Every norm kernel ends a row here."""
-    res = load_row_packs(residual, row, H, T)
-    s = [[a + b for a, b in zip(pa, pr)] for pa, pr in zip(ar, res)]
-    store_row_packs(residual_out, row, H, T, s)
+def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: int, T: Any, residual: Any,
+                      residual_out: Any, weight: Any, eps: Any, flags: Any, out: Any, q: Any,
+                      scale: Any, fmt: str) -> None:
+    """Given `ar_pack(k)`, which reads this thread's k-th all-reduced pack of the row (f32 of
+    T values; called only for packs inside the row): add the residual, write residual_out,
+    and run the RMSNorm epilogue. Every norm kernel ends a row here.
+
+    One pack at a time: pack k is read, added and stored before pack k + 1 is read, so only
+    one pack's inputs (W peers' packs in the fused kernels) are in registers at once. The
+    residual_out store may alias the inputs, which keeps the compiler from hoisting the
+    next pack's loads above it. Each value is the same as when all packs are read first."""
+    packs, per_thread = row_geometry(H)
+    res = base_packs(residual, T)
+    s = []
+    for k in range(per_thread):
+        vals = [0.0] * PACK
+        if pack_valid(H, k):
+            i = row * packs + pack_index(k)
+            vals = [a + b for a, b in zip(ar_pack(k), res[i].to_f32())]
+            residual_out.cast(dsl.vec16(T))[i] = dsl.pack_rne(vals, T)
+        s.append(vals)
     rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt)
+
+
+def row_pack_reader(base: Any, row: Any, H: int, T: Any) -> Callable[[int], list]:
+    """`ar_pack` for residual_norm_row: this thread's k-th pack of row `row` of `base`."""
+    packs, _ = row_geometry(H)
+    vec = base_packs(base, T)
+    return lambda k: vec[row * packs + pack_index(k)].to_f32()
+
+
+def base_packs(base: Any, T: Any) -> Any:
+    return base.cast(dsl.vec16(T))

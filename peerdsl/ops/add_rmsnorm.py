@@ -5,7 +5,7 @@ residual_out = T(s), out = T((s * rsqrt(mean(s^2) + eps)) * w).
 """
 from .. import dsl
 from ..dsl import Ptr, constexpr
-from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, load_row_packs, residual_norm_row
+from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, residual_norm_row, row_pack_reader
 from .registry import register
 
 
@@ -14,7 +14,7 @@ def add_rmsnorm(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"]
                 residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
                 eps: dsl.f32, flags: dsl.i32, T: constexpr, H: constexpr, FP8: constexpr):
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        residual_norm_row(load_row_packs(x, row, H, T), row, H, T, residual, residual_out,
+        residual_norm_row(row_pack_reader(x, row, H, T), row, H, T, residual, residual_out,
                           weight, eps, flags, out, q, scale, FP8)
 
 

@@ -3,7 +3,8 @@
 Each thread takes 16-byte packs of this rank's input, read in place, and pushes each as two
 LL lines {data0, epoch, data1, epoch ^ tag} into every rank's scratch (bank = epoch parity,
 region of the source rank). Then it reads the lines of every rank for the same packs from its
-own scratch, accepts a line once its flags are {epoch, epoch ^ tag} (each 8-byte half carries
+own scratch (every rank's line of a half pack read at once, then polling only a line not
+there yet), accepts a line once its flags are {epoch, epoch ^ tag} (each 8-byte half carries
 one, so a torn line is never accepted), and sums in rank order.
 
 The epoch is one device-side word of the Signal, shared by every LL launch and advanced once
@@ -24,6 +25,7 @@ MISMATCH_POLLS = 2  # polls in a row that see this epoch with another tag: a mis
                     # could be a line whose halves are still landing)
 
 
+
 def next_ll_epoch(stored):
     """The epoch after `stored`: +1, but 0 is skipped (zeroed lines would match) by going to
     2, so the parity, and with it the bank, still alternates across the wrap."""
@@ -31,28 +33,30 @@ def next_ll_epoch(stored):
     return dsl.select(epoch == 0, 2, epoch)
 
 
-def _wait_line(line, epoch, tag, limit, me, rank, peer):
-    """Spin (bounded) until the line's flags are {epoch, epoch ^ tag}. A line of this epoch
-    with another tag, seen MISMATCH_POLLS times in a row, ends the wait as a mismatch (or an
-    abort, when the peer's tag carries TAG_ABORT); the spin also stops once any wait of this
-    rank has failed. Returns the line (garbage unless accepted: the record says so)."""
-    err = me + layout.SIG_ERROR
+def _wait_line(line, v, epoch, tag, limit, me, rank, peer):
+    """The line as first read is `v`; unless its flags are already {epoch, epoch ^ tag}, spin
+    (bounded) re-reading it until they are. A line of this epoch with another tag, seen
+    MISMATCH_POLLS times in a row, ends the wait as a mismatch (or an abort, when the peer's
+    tag carries TAG_ABORT); the spin also stops once any wait of this rank has failed.
+    Returns the line (garbage unless accepted: the record says so)."""
     want = epoch ^ tag
-    v = dsl.load(line, "system", "relaxed")
-    odd = ((v[1] == epoch) & (v[3] != want)).zext(dsl.i32)
-    n = 0
-    stop = 0
-    while ((v[1] != epoch) or (v[3] != want)) and (n < limit) and (odd < MISMATCH_POLLS)             and (stop == 0):
-        v = dsl.load(line, "system", "relaxed")
-        odd = dsl.select((v[1] == epoch) & (v[3] != want), odd + 1, 0)
-        stop = dsl.load(err, "system", "relaxed")
-        n = n + 1
     if (v[1] != epoch) or (v[3] != want):
-        peer_tag = v[3] ^ epoch
-        cause = dsl.select(v[1] != epoch, layout.CAUSE_TIMEOUT,
-                           dsl.select((peer_tag ^ tag) == layout.TAG_ABORT,
-                                      layout.CAUSE_ABORTED, layout.CAUSE_MISMATCH))
-        dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1], cause, peer, tag, peer_tag)
+        err = me + layout.SIG_ERROR
+        odd = ((v[1] == epoch) & (v[3] != want)).zext(dsl.i32)
+        n = 0
+        stop = 0
+        while ((v[1] != epoch) or (v[3] != want)) and (n < limit) and \
+                (odd < MISMATCH_POLLS) and (stop == 0):
+            v = dsl.load(line, "system", "relaxed")
+            odd = dsl.select((v[1] == epoch) & (v[3] != want), odd + 1, 0)
+            stop = dsl.load(err, "system", "relaxed")
+            n = n + 1
+        if (v[1] != epoch) or (v[3] != want):
+            peer_tag = v[3] ^ epoch
+            cause = dsl.select(v[1] != epoch, layout.CAUSE_TIMEOUT,
+                               dsl.select((peer_tag ^ tag) == layout.TAG_ABORT,
+                                          layout.CAUSE_ABORTED, layout.CAUSE_MISMATCH))
+            dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1], cause, peer, tag, peer_tag)
     return v
 
 
@@ -76,20 +80,28 @@ def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W, tag=0):
 
 def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W, tag=0,
                limit=None):
-    """Wait for every rank's lines of this thread's packs and sum them in rank order."""
+    """Wait for every rank's lines of this thread's packs and sum them in rank order.
+
+    A half pack at a time (line 0 carries elements 0-3, line 1 elements 4-7): every rank's
+    line of the half is read before any is waited for, so the W loads are in flight together
+    and only a line not there yet is polled (a spin in a `while`). Each element is summed
+    over the ranks in order, so a half at a time gives the same bits; storing each half as
+    soon as it is summed keeps one half's lines in registers, not all 2W."""
     P = dsl.vec16(T)
+    half_pack = dsl.ir.VectorType(T, 4)
     if limit is None:
         limit = dsl.spin_limit(me)
     mine = ll[rank].cast(dsl.i32x4)
+    # rank r's region of this bank: uniform pointers (scalar registers), one offset per line
+    regions = [mine + (bank_base + r * lines_per_peer) for r in range(W)]
     for i in range(global_thread(), n_packs, grid_threads()):
-        terms = []
-        for r in range(W):
-            at = bank_base + r * lines_per_peer + 2 * i
-            lo = _wait_line(mine + at, epoch, tag, limit, me, rank, r).bitcast(P)
-            hi = _wait_line(mine + (at + 1), epoch, tag, limit, me, rank, r).bitcast(P)
-            terms.append([v.to_f32() for v in (lo[0], lo[1], lo[4], lo[5],
-                                               hi[0], hi[1], hi[4], hi[5])])
-        out.cast(P)[i] = dsl.pack_rne(rank_order_sum(terms), T)
+        for half in range(2):
+            lines = [region + (2 * i + half) for region in regions]
+            first = [dsl.load(line, "system", "relaxed") for line in lines]
+            got = [_wait_line(line, v, epoch, tag, limit, me, rank, r).bitcast(P)
+                   for r, (line, v) in enumerate(zip(lines, first))]
+            sums = rank_order_sum([[v.to_f32() for v in (g[0], g[1], g[4], g[5])] for g in got])
+            out.cast(half_pack)[2 * i + half] = dsl.pack_rne(sums, T)
 
 
 @dsl.kernel(block_size=BLOCK)

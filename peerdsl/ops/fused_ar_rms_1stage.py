@@ -8,24 +8,18 @@ as the add + RMSNorm kernel with the same thread mapping, so the bytes are ident
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid,
-                    residual_norm_row, row_geometry)
+from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, pack_index, residual_norm_row, row_geometry
 from .registry import register
 
 
-def reduce_row_packs(inp, row, H, T, W):
-    """This thread's packs of the row, summed over ranks in order and rounded to T (as f32)."""
-    packs, per_thread = row_geometry(H)
+def reduced_pack(inp, row, H, T, W, k):
+    """This thread's k-th pack of the row, read from every rank, summed in rank order and
+    rounded to T (as f32)."""
+    packs, _ = row_geometry(H)
     P = dsl.vec16(T)
-    out = []
-    for k in range(per_thread):
-        vals = [0.0] * PACK
-        if pack_valid(H, k):
-            i = row * packs + pack_index(k)
-            acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
-            vals = [a.to(T).to_f32() for a in acc]
-        out.append(vals)
-    return out
+    i = row * packs + pack_index(k)
+    acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
+    return [a.to(T).to_f32() for a in acc]
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -37,7 +31,8 @@ def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Pt
     signal = dsl.Signal(sig, rank, W, call=call)
     signal.start()
     for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
-        residual_norm_row(reduce_row_packs(inp, row, H, T, W), row, H, T, residual,
+        # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
+        residual_norm_row(lambda k: reduced_pack(inp, row, H, T, W, k), row, H, T, residual,
                           residual_out, weight, eps, flags, out, q, scale, FP8)
     signal.end()
 

@@ -10,24 +10,19 @@ per-block barrier covers everything it reads.
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, pack_valid,
-                    residual_norm_row, row_geometry)
+from ._rows import (NORM_BLOCK, PACK, SUPPORTED_HIDDEN, pack_index, residual_norm_row,
+                    row_geometry)
 from .registry import register
 
 
-def gather_row_packs(staging, row, H, T, W):
-    packs, per_thread = row_geometry(H)
+def gathered_pack(staging, row, H, T, W, k):
+    """This thread's k-th pack of the row, read from the staging of the rank that owns its
+    shard."""
+    packs, _ = row_geometry(H)
     shard = packs // W
-    P = dsl.vec16(T)
-    out = []
-    for k in range(per_thread):
-        vals = [0.0] * PACK
-        if pack_valid(H, k):
-            p = pack_index(k)
-            owner = p // shard
-            vals = staging[owner].cast(P)[row * shard + (p - owner * shard)].to_f32()
-        out.append(vals)
-    return out
+    p = pack_index(k)
+    owner = p // shard
+    return staging[owner].cast(dsl.vec16(T))[row * shard + (p - owner * shard)].to_f32()
 
 
 def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scale, rank, rows,
@@ -44,7 +39,7 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
             staging[rank].cast(P)[row * shard + j] = dsl.pack_rne(acc, T)
     signal.sync()
     for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
-        residual_norm_row(gather_row_packs(staging, row, H, T, W), row, H, T, residual,
+        residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k), row, H, T, residual,
                           residual_out, weight, eps, flags, out, q, scale, FP8)
     signal.end()
 

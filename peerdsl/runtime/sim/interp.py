@@ -276,7 +276,9 @@ def _memory_op(op: ir.Op, ins, outs, lanes: int):
                                "(divergent control flow): a hang or undefined on hardware")
             yield op
             ctx.smem.barrier()
-            ctx.mem.block_barrier(ctx)  # cumulativity: any wave's later release publishes
+            if global_too:  # a shared_barrier orders shared memory only
+                ctx.mem.block_barrier(ctx)  # cumulativity: any wave's later release publishes
+        global_too = op.attrs.get("memory", "all") != "shared"
         return f_barrier, 2
     if name == "fence":
         def f_fence(r, m, ctx):
