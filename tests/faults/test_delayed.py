@@ -45,7 +45,7 @@ def _record_set(rank: int, index: int):
     def before(comm, i):
         if (comm.rank, i) == (rank, index):
             with comm.job.system.lock:
-                comm.device.write(comm.signal + 4 * layout.SIG_ERROR, np.array([1], np.int32))
+                comm.device.write(comm.signal.address + 4 * layout.SIG_ERROR, np.array([1], np.int32))
     return before
 
 

@@ -79,7 +79,7 @@ class SimCollectiveComm(SimCommunicator, Collectives):
 
     def _write_signal(self, word: int, values: Any) -> None:
         with self.job.system.lock:
-            self.device.write(self.signal + 4 * word, values)
+            self.device.write(self.signal.address + 4 * word, values)
 
     def close(self) -> None:
         """Free this rank's meta buffer and input pool (idempotent; every later call raises
