@@ -65,7 +65,7 @@ def test_manifest_format(tmp_path, cache_dir, arch):
     names = [a["name"] for a in probe["args"]]
     assert names[:8] == [f"sig_{i}" for i in range(8)]  # peer tables: 8 consecutive pointers
     assert {(a["role"], a["param"], a["align"]) for a in probe["args"][:8]} == {
-        ("peer_ptrs", "sig", 4)}
+        ("peer_ptrs", "sig", 8)}  # 8-byte {epoch, tag} barrier slots
     assert probe["block_size"] == 64
 
 

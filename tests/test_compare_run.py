@@ -139,7 +139,8 @@ def test_both_sides_pack_through_packplan(op, sm90_kernels, ref_code):
     for r in range(4):
         got = R.pack_dsl(entry, case.dsl_args[r], r)
         want = pack_args(entry.args, entry.kernarg_size,
-                         {k: _addresses(v) for k, v in case.dsl_args[r].items()})
+                         {"call": R.COMPARE_CALL_TAG,  # the dsl.CallId pack_dsl fills
+                          **{k: _addresses(v) for k, v in case.dsl_args[r].items()}})
         assert got == want  # PackPlan writes what the checked path would
         assert R.pack_ref(rentry, case.ref_args[r]) == \
             _expected_ref_bytes(params, total, case.ref_args[r]), (arch, r)

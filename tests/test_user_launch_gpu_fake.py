@@ -320,7 +320,7 @@ def test_manifest_records_roles_and_pack_alignment():
         "registered_ptrs", "bf16", 16)       # the table's pointees are read as 16-byte packs
     assert (args["out"]["role"], args["out"]["align"]) == ("ptr", 16)
     assert {(args[f"sig_{i}"]["role"], args[f"sig_{i}"]["param"], args[f"sig_{i}"]["align"])
-            for i in range(8)} == {("peer_ptrs", "sig", 4)}   # i32 words only
+            for i in range(8)} == {("peer_ptrs", "sig", 8)}   # 8-byte {epoch, tag} slots
     assert args["rank"]["role"] == "scalar" and "align" not in args["rank"]
     traced = gpu_scale.trace()
     args = {a["name"]: a for a in annotate_args(natural_layout(traced)[0], gpu_scale, traced)}

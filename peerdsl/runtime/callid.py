@@ -123,7 +123,7 @@ def collective_call(fn: Callable) -> Callable:
     number before any input check, and mark the communicator broken when the call fails
     once it has begun launching (or with a collective error). A collective calling another
     (the fused entry's all-reduce) stays one call."""
-    op = fn.__name__
+    op = fn.__name__.lstrip("_")  # _comm_launch: a user kernel through comm.launch
 
     @functools.wraps(fn)
     def entry(self: Any, *args: Any, **kwargs: Any) -> Any:

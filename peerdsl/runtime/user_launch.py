@@ -38,14 +38,18 @@ class UserLaunch:
         sig = self._user_signature(entry, None if isinstance(op_or_kernel, str)
                                    else op_or_kernel)
         if sig.synchronizes:  # a call of every rank: it takes the next sequence number first
-            self._user_collective(entry.op, entry=entry, sig=sig, grid=grid, **args)
+            self._user_collective(entry.op, (entry, sig, args), grid=grid)
         else:
             self._user_launch(entry, sig, grid, args)
 
     @collective_call
-    def _user_collective(self, op: str, entry: Any, sig: Signature, grid: int,
-                         **args: Any) -> None:
+    def _comm_launch(self, op: str, launch: tuple, grid: int) -> None:
+        """The call identity peers compare is the op, its variant, the world and the grid:
+        a kernel's own arguments (its rank, addresses, even shapes) may differ by rank."""
+        entry, sig, args = launch
         self._user_launch(entry, sig, grid, args)
+
+    _user_collective = collective_call(_comm_launch)
 
     def _user_launch(self, entry: Any, sig: Signature, grid: int,
                      args: Mapping[str, Any]) -> None:

@@ -71,15 +71,19 @@ class SimUserLaunch(CallIdentity):
         if sig is None:
             sig = traced._launch_signature = signature_from_kernel(kernel, traced)
         if sig.synchronizes:  # a call of every rank: it takes the next sequence number first
-            self._user_collective(traced.name, traced=traced, sig=sig, grid=grid,
-                                  constexprs=dict(constexprs or {}), **args)
+            self._user_collective(traced.name, (traced, sig, args, dict(constexprs or {})),
+                                  grid=grid)
         else:
             self._user_launch(traced, sig, grid, args, {})
 
     @collective_call
-    def _user_collective(self, op: str, traced: Any, sig: Signature, grid: int,
-                         constexprs: dict, **args: Any) -> None:
+    def _comm_launch(self, op: str, launch: tuple, grid: int) -> None:
+        """The call identity peers compare is the op, its variant, the world and the grid:
+        a kernel's own arguments (its rank, addresses, even shapes) may differ by rank."""
+        traced, sig, args, constexprs = launch
         self._user_launch(traced, sig, grid, args, constexprs)
+
+    _user_collective = collective_call(_comm_launch)
 
     def _user_launch(self, traced: Any, sig: Signature, grid: int, args: Mapping[str, Any],
                      constexprs: dict) -> None:
