@@ -116,7 +116,24 @@ def _barriers(ins: list[str]) -> Iterator[tuple[bool, list[str]]]:
         after = next((n for n in ins[i + 1:] if _MEM.match(n) or n.startswith("s_barrier_signal")),
                      "")
         lds = (before or "").startswith("ds_") or after.startswith("ds_")
-        yield lds, waits
+        yield lds and not _near_system_scope(ins, i), waits
+
+
+def _near_system_scope(ins: list[str], i: int) -> bool:
+    """A Signal's block barrier: a system-scope access (its arrival's release store, its
+    poll) lies between the block barriers around it. It reads and writes its per-barrier
+    verdicts in LDS too, but it must order global memory, so it is no reduction barrier."""
+    for j in range(i - 1, -1, -1):
+        if ins[j].startswith("s_barrier_wait"):
+            break
+        if "scope:SCOPE_SYS" in ins[j]:
+            return True
+    for j in range(i + 1, len(ins)):
+        if ins[j].startswith("s_barrier_signal"):
+            break
+        if "scope:SCOPE_SYS" in ins[j]:
+            return True
+    return False
 
 
 def barrier_global_waits(ins: list[str]) -> tuple[int, int]:

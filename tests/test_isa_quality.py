@@ -165,6 +165,8 @@ def test_counters_on_a_known_snippet():
 	global_store_b128 v4, v[0:3], s[8:9] scope:SCOPE_SYS
 	s_wait_storecnt 0x0
 	global_store_b128 v4, v[0:3], s[10:11] scope:SCOPE_SYS
+	s_barrier_signal -1
+	s_barrier_wait -1
 	ds_store_b32 v1, v2
 	s_wait_storecnt_dscnt 0x0
 	s_barrier_signal -1
