@@ -84,7 +84,8 @@ def test_gfx1250_build(fresh_cache, cx):
     assert k.block_size == 256
     names = [a["name"] for a in k.args]
     assert names[:6] == ["inp", "bias", "residual", "weight", "out", "residual_out"]
-    assert names[6:14] == [f"sig_{i}" for i in range(8)] and names[14:] == ["rank", "rows", "eps"]
+    assert names[6:14] == [f"sig_{i}" for i in range(8)] and names[14:] == ["rank", "rows", "eps", "call"]
+    assert k.args[-1].get("role") == "call_id"  # the runtime fills it
 
 
 @pytest.mark.skipif(check_build.find_clang() is None,

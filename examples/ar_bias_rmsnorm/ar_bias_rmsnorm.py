@@ -90,14 +90,14 @@ def biased_allreduce(inp, bias: list, row, H: int, T, W: int) -> list:
 def ar_bias_rmsnorm(inp: RegisteredPtrs["T"], bias: Ptr["T"], residual: Ptr["T"],
                     weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                     sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
-                    T: constexpr, H: constexpr, W: constexpr):
+                    call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr):
     # bias and weight are this rank's own, the same for every row: their loads are issued
     # before the start barrier, so their latency hides behind it
     b = load_packs(bias, 0, H, T)
     w = load_packs(weight, 0, H, T)
-    signal = dsl.Signal(sig, rank, W)
+    signal = dsl.Signal(sig, rank, W, call=call)
     signal.start()
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+    for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
         s = [[x + r for x, r in zip(pb, pr)]
              for pb, pr in zip(biased_allreduce(inp, b, row, H, T, W),
                                load_packs(residual, row, H, T))]
