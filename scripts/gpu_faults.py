@@ -112,24 +112,28 @@ def run_faults(rank: int, world: int, build: str, dev: Any, allocator: str) -> d
         return call
 
     last = world - 1
+    # Beyond two ranks, a rank may meet the abort mark of a peer that saw the other call's tag
+    # first (that peer raised CollectiveMismatch) before it sees the tag itself
+    mismatch = ("CollectiveMismatch",) if world == 2 else ("CollectiveMismatch",
+                                                           "CollectiveAborted")
     one_stage = {"PEERDSL_LL_MAX_BYTES": "0"}  # the plain all-reduce through Signal barriers
     with _env(one_stage):
         c = comm_for()
         calls = [ar(c, 0, 4096), ar(c, 1, 8192), ar(c, 2, 4096), ar(c, 3, 8192)]
         if rank == last:
             calls.pop(1)
-        case("a rank skips a call (one-stage)", c, calls, ("CollectiveMismatch",))
+        case("a rank skips a call (one-stage)", c, calls, mismatch)
     c = comm_for()
     calls = [ar(c, 0, 2048), ar(c, 1, 4096), ar(c, 2, 3072), ar(c, 3, 2048)]
     if rank == last:
         calls.pop(1)
-    case("a rank skips a call (LL)", c, calls, ("CollectiveMismatch",))
+    case("a rank skips a call (LL)", c, calls, mismatch)
     c = comm_for()
     calls = [ar(c, i, 4096, bad=(rank == last and i == 1)) for i in range(4)]
-    case("input check failed on one rank (LL)", c, calls, ("CollectiveMismatch",))
+    case("input check failed on one rank (LL)", c, calls, mismatch)
     c = comm_for()
     calls = [fused(c, 0, 16), fused(c, 1, 64 if rank != last else 32), fused(c, 2, 16)]
-    case("rows 64 vs 32 (fused)", c, calls, ("CollectiveMismatch",))
+    case("rows 64 vs 32 (fused)", c, calls, mismatch)
 
     for label, env in (("one-stage", one_stage), ("LL", {})):
         with _env(env):
