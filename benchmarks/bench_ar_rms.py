@@ -8,6 +8,11 @@ started here). In the same run: the copy bandwidth (device-to-device, read + wri
 null collective (a launch + one Signal barrier), torch eager / torch.compile / a Triton
 add + RMSNorm of our own, and our add + RMSNorm and FP8 quant kernels beside them, and the
 host-side cost of one eager fused call. Writes $OUT/bench.json (or --json) and a PNG plot.
+
+    python3 benchmarks/bench_ar_rms.py --ar-variants --build build --tp 2 4
+
+times every built one-/two-stage all-reduce variant instead (benchmarks/bench_ar_variants.py,
+which takes the same --build/--tp and its own options).
 """
 from __future__ import annotations
 
@@ -254,6 +259,9 @@ def _profile(call, settle) -> str:
 
 
 def main() -> int:
+    if "--ar-variants" in sys.argv[1:]:  # every one-/two-stage variant: bench_ar_variants.py
+        from benchmarks.bench_ar_variants import main as ar_variants
+        return ar_variants([a for a in sys.argv[1:] if a != "--ar-variants"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])

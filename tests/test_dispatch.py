@@ -120,7 +120,8 @@ def test_each_target_has_its_table():
     assert plan_fused_ar_rms("gfx942", 4, 16, 6144, BF16) == "ll+rmsnorm"
     # sm_90: the plain all-reduce takes LL up to 128 KiB, the fused entry never (measured)
     assert plan_all_reduce("sm_90", 4, 96 << 10) == "ll"
-    assert plan_all_reduce("sm_90", 4, 192 << 10) == "2stage"
+    assert plan_all_reduce("sm_90", 4, 192 << 10) == "1stage"   # two-stage from 32 MiB
+    assert plan_all_reduce("sm_90", 4, 48 * MiB) == "2stage"
     assert plan_fused_ar_rms("sm_90", 2, 1, 6144, BF16) == "fused_1stage"
     assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_1stage"      # 96 KiB
     assert plan_fused_ar_rms("sm_90", 4, 256, 6144, BF16) == "fused_1stage"    # 3 MiB
@@ -166,6 +167,9 @@ def test_cached_plans_follow_the_environment_at_once(monkeypatch, raw_environ):
         monkeypatch.delenv("PEERDSL_LL_MAX_BYTES")
         monkeypatch.delenv("PEERDSL_FUSED_LL_MAX_BYTES")
         monkeypatch.delenv("PEERDSL_FUSED_PATH")
+        assert plan_all_reduce("sm_90", 4, 192 << 10) == "1stage"
+        monkeypatch.setenv("PEERDSL_TWO_STAGE_MIN_BYTES", "0")
         assert plan_all_reduce("sm_90", 4, 192 << 10) == "2stage"
+        monkeypatch.delenv("PEERDSL_TWO_STAGE_MIN_BYTES")
     with pytest.raises(ValueError, match="world size 4.0"):  # equal to 4 as a key, not as a world
         plan_fused_ar_rms("sm_90", 4.0, 16, 6144, BF16)

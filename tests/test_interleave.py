@@ -67,9 +67,9 @@ def run_interleave(steps: int, seed: int) -> None:
         """Every collective launch picks its grid afresh (the same on every rank: each rank
         makes the same calls in the same order), so grid sizes change between launches."""
 
-        def _grid(self, work_items: int) -> int:
+        def _grid(self, work_items: int, per_block: int = 256) -> int:
             self.calls = getattr(self, "calls", 0) + 1
-            most = max(1, min(self.max_grid, (work_items + 255) // 256))
+            most = max(1, min(self.max_grid, (work_items + per_block - 1) // per_block))
             return random.Random(seed * 7919 + self.calls).randint(1, most)
 
     assert all(peerdsl.sim.run(TP, body, seed=seed, skew=lambda i: delays[i % len(delays)],

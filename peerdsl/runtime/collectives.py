@@ -184,14 +184,18 @@ class Collectives(CallIdentity):
                 "x": self._dev(x), "out": out, "sig": self.signal_peers, "ll": self.ll_peers,
                 "rank": self.rank, "n_packs": packs, "lines_per_peer": self.ll_lines_per_peer})
         elif path == "1stage":
-            self._launch("allreduce_1stage", {"T": T, "W": self.world}, self._grid(packs), {
-                "inp": self._stage(x), "out": out, "sig": self.signal_peers, "rank": self.rank,
-                "n_packs": packs})
+            cx, per_block = dispatch.ar_kernel(self.arch, path, self.world, packs, self.max_grid)
+            self._launch("allreduce_1stage", {"T": T, "W": self.world, **cx},
+                         self._grid(packs, per_block), {
+                             "inp": self._stage(x), "out": out, "sig": self.signal_peers,
+                             "rank": self.rank, "n_packs": packs})
         else:
             shard = packs // self.world
-            self._launch("allreduce_2stage", {"T": T, "W": self.world}, self._grid(shard), {
-                "inp": self._stage(x), "staging": self.staging_peers, "out": out,
-                "sig": self.signal_peers, "rank": self.rank, "shard_packs": shard})
+            cx, per_block = dispatch.ar_kernel(self.arch, path, self.world, shard, self.max_grid)
+            self._launch("allreduce_2stage", {"T": T, "W": self.world, **cx},
+                         self._grid(shard, per_block), {
+                             "inp": self._stage(x), "staging": self.staging_peers, "out": out,
+                             "sig": self.signal_peers, "rank": self.rank, "shard_packs": shard})
         return self._get(out, tuple(x.shape), x.dtype)
 
     @collective_call
@@ -369,9 +373,10 @@ class Collectives(CallIdentity):
     def _local_grid(self, rows: int) -> int:
         return max(1, min(rows, self.max_local_grid))
 
-    def _grid(self, work_items: int) -> int:
-        threads = 256
-        return max(1, min((work_items + threads - 1) // threads, self.max_grid,
+    def _grid(self, work_items: int, per_block: int = 256) -> int:
+        """Blocks for `work_items` items, `per_block` per block per iteration (a collective
+        kernel's threads times its unroll), capped so every rank's blocks are resident."""
+        return max(1, min((work_items + per_block - 1) // per_block, self.max_grid,
                           layout.MAX_BLOCKS))
 
     def fused_qk_norm_allreduce(self, *args, **kwargs):

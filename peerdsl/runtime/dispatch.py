@@ -13,6 +13,12 @@ runs (TP4 H=6144: 40.1 vs 44.1 us at 384 rows, 87.9 vs 97.9 at 1024, 311.7 vs 34
 the peers-side-by-side run in BASELINES.md agrees: 89.3 vs 100.6 at 1024), so sm_90's fused
 entry takes the one-stage kernel over the whole custom range. Every threshold has a
 `PEERDSL_*` environment override, read at each call.
+
+The one- and two-stage all-reduce kernels also come in variants (ops/_collective.py
+`ar_variants`): B threads per block, U packs per thread per iteration, and for the two-stage
+kernel E (its end barrier). `AR_KERNELS` holds a target's choice per path and world size;
+targets without an entry launch the build's single {T, W} variant (gfx1250 and the other AMD
+targets: block 256, U = 1, end barrier). See `ar_kernel`.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ class Thresholds:
     # the one-stage fused kernel beats LL + add + RMSNorm sets its own
     fused_ll_max_bytes: int | None = None
     fused_two_stage_min_bytes: int = 0  # below it the fused entry takes the one-stage kernel
+    two_stage_min_bytes: int = 0  # below it the plain all-reduce takes the one-stage kernel
 
     @property
     def fused_ll_cap(self) -> int:
@@ -56,8 +63,11 @@ TABLES = {
     "gfx1250": Thresholds(),
     "gfx950": Thresholds(),
     "gfx942": Thresholds(),
+    # two_stage_min_bytes: provisional (vLLM's kernels under MPS on the H200 crossed over
+    # between 2048 and 4096 rows at TP4, H=6144, BASELINES.md); `bench_ar_rms.py
+    # --ar-variants` measures ours and prints the crossover to put here
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
-                        fused_two_stage_min_bytes=64 * MiB),
+                        fused_two_stage_min_bytes=64 * MiB, two_stage_min_bytes=32 * MiB),
 }
 
 _ENV = {
@@ -69,11 +79,14 @@ _ENV = {
     "ar_quant_max_bytes": "PEERDSL_AR_QUANT_MAX_BYTES",
     "fused_ll_max_bytes": "PEERDSL_FUSED_LL_MAX_BYTES",
     "fused_two_stage_min_bytes": "PEERDSL_FUSED_TWO_STAGE_MIN_BYTES",
+    "two_stage_min_bytes": "PEERDSL_TWO_STAGE_MIN_BYTES",
 }
 
 
 _FORCED_ENV = "PEERDSL_FUSED_PATH"
-_ENV_NAMES = (*_ENV.values(), _FORCED_ENV)
+_AR_ENV = {"block": "PEERDSL_AR_BLOCK", "unroll": "PEERDSL_AR_UNROLL",
+           "end_barrier": "PEERDSL_AR_END_BARRIER"}
+_ENV_NAMES = (*_ENV.values(), _FORCED_ENV, *_AR_ENV.values())
 # os.environ's own storage and its keys in that storage's form: one C-level dict lookup per
 # variable instead of os.environ.get's encode + Mapping.get (~1 us each, 7 per plan)
 _ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES)) if hasattr(
@@ -246,7 +259,8 @@ def _plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool,
         return "fallback"
     if nbytes <= t.ll_max_bytes:
         return "ll"
-    if world >= t.two_stage_min_world and _staging_fits(t, world, nbytes // 16, nbytes):
+    if (world >= t.two_stage_min_world and nbytes >= t.two_stage_min_bytes
+            and _staging_fits(t, world, nbytes // 16, nbytes)):
         return "2stage"
     return "1stage"
 
@@ -258,3 +272,79 @@ def check_qk_norm(arch: str) -> None:
             f"fused qk-norm all-reduce is not available on {arch}: the fused kernels synchronize "
             "only through the gfx1250 Signal protocol and no qk-norm kernel is written against "
             "it yet; call all_reduce() followed by the norm instead")
+
+
+# ----------------------------------------------------------------------------- AR variants
+
+@dataclasses.dataclass(frozen=True)
+class ArKernel:
+    """A target's variant of the one- or two-stage all-reduce kernel for one world size."""
+    block: int             # B: threads per block
+    max_unroll: int        # U: packs per thread per iteration, at most this (see ar_kernel)
+    end_barrier: int = 1   # E: the two-stage kernel's end barrier (1) or none (0)
+
+
+UNROLLS = (1, 2, 4)  # the U values built (ops/_collective.py AR_UNROLLS)
+
+# Provisional sm_90 choices, from the hypothesis that these kernels were latency-bound (too
+# few bytes in flight: 256 threads x W packs per SM at TP4) until the sweep
+# (`benchmarks/bench_ar_rms.py --ar-variants`) measures them. Each keeps >= 2 blocks per SM
+# at the registers ptxas gives it (ops/_collective.py), so the blocks of every rank sharing
+# the GPU fit with slack (one block per SM per rank is what the grid cap launches; an exact
+# fit timed out under MPS, benchmarks/RESULTS.md). E = 0: vLLM's two-stage kernel has no end
+# barrier either (ops/allreduce_2stage.py says why that is safe).
+_SM90_AR = {2: ArKernel(512, 4), 4: ArKernel(256, 4), 8: ArKernel(256, 2)}
+AR_KERNELS: dict[str, dict[str, dict[int, ArKernel]]] = {
+    "sm_90": {"1stage": _SM90_AR,
+              "2stage": {w: dataclasses.replace(k, end_barrier=0) for w, k in _SM90_AR.items()}},
+}
+_AR_KERNEL_PLANS: dict[tuple, Any] = {}
+
+
+def ar_kernel(arch: str, path: str, world: int, work_packs: int,
+              max_grid: int) -> tuple[dict[str, int], int]:
+    """(constexprs beyond T and W, packs one block covers per iteration) of the `path`
+    ("1stage" | "2stage") all-reduce kernel for `work_packs` packs per grid (the two-stage
+    kernel's shard) with at most `max_grid` blocks.
+
+    U is the smallest built unroll whose grid of max_grid blocks covers the work in one
+    iteration, at most the table's max_unroll: small inputs spread over the grid first,
+    large ones get U * W loads in flight per thread. PEERDSL_AR_BLOCK, PEERDSL_AR_UNROLL and
+    PEERDSL_AR_END_BARRIER override B, U and E on any target (a variant that is not built
+    fails at launch, naming the built ones)."""
+    key = (arch, path, world, work_packs, max_grid, _env_key())
+    return _cached(_AR_KERNEL_PLANS, key, lambda: _ar_kernel(arch, path, world, work_packs,
+                                                             max_grid))
+
+
+def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
+               max_grid: int) -> tuple[dict[str, int], int]:
+    if path not in ("1stage", "2stage"):
+        raise ValueError(f"ar_kernel path {path!r} is not '1stage' or '2stage'")
+    env = {}
+    for field, name in _AR_ENV.items():
+        raw = os.environ.get(name)
+        if raw is not None:
+            try:
+                env[field] = int(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if "end_barrier" in env and env["end_barrier"] not in (0, 1):
+        raise ValueError(f"PEERDSL_AR_END_BARRIER={env['end_barrier']} must be 0 or 1")
+    if "unroll" in env and env["unroll"] < 1 or "block" in env and env["block"] < 32:
+        raise ValueError(f"PEERDSL_AR_UNROLL must be >= 1 and PEERDSL_AR_BLOCK >= 32, got "
+                         f"{env}")
+    table = AR_KERNELS.get(arch, {}).get(path, {}).get(world)
+    if table is None and not env:
+        return {}, 256  # the build's one {T, W} variant
+    base = table or ArKernel(256, 1)
+    block = env.get("block", base.block)
+    unroll = env.get("unroll")
+    if unroll is None:
+        need = -(-work_packs // (block * max(1, max_grid)))
+        fits = [u for u in UNROLLS if u >= need and u <= base.max_unroll]
+        unroll = fits[0] if fits else base.max_unroll
+    cx = {"U": unroll, "B": block}
+    if path == "2stage":
+        cx["E"] = env.get("end_barrier", base.end_barrier)
+    return cx, block * unroll

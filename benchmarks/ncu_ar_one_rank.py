@@ -1,0 +1,167 @@
+"""One rank's one-/two-stage all-reduce kernel with its peers' barrier arrivals written in
+advance: a launch Nsight Compute can profile, and a timing without barrier waits.
+
+    PYTHONPATH=. python3 benchmarks/ncu_ar_one_rank.py --build build --path 2stage --world 4 \
+        --rows 1024 --unroll 4 --block 256                     # time it (CUDA graph)
+    ncu --clock-control none -k regex:allreduce_ --launch-skip 2 --launch-count 1 \
+        --set full -o $OUT/ar2 python3 benchmarks/ncu_ar_one_rank.py ... --no-graph
+
+Why: ncu serializes kernels, so W rank kernels that wait for each other would each spin to
+their timeout. Here one process holds every rank's input, staging and Signal, and before
+each launch the launched rank's Signal holds, in each slot its barriers wait on, what the
+peers would have sent: {epoch 2, the call's tag}. Its first barrier (target 1) then sees a
+peer one barrier ahead (accepted: that peer vouched for this call), the second (target 2)
+its target with the tag. Kernels with two barriers only: allreduce_1stage, and
+allreduce_2stage with E=0. The block epochs are zeroed before each launch (so the same
+slots serve every launch and every ncu replay pass, which restores memory in between). The
+peers' staging holds their reduced shards, so `out` is the whole all-reduce: checked bitwise
+against the rank-order reference, and the Signal's error record must stay clear.
+
+`--all-ranks` launches every rank's kernel at once on its own stream (each with its own
+pre-filled Signal): the HBM traffic of W ranks, without their barrier waits or skew. The
+real MPS figure minus this one is what synchronization costs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from peerdsl import layout  # noqa: E402
+
+TAG = 12345
+CALLS, REPLAYS = 20, 30
+
+
+def prefill(sig, rank: int, world: int, grid: int, torch) -> None:
+    """The slots of `rank`'s Signal (an i32 tensor) that its two barriers wait on."""
+    slots = sig.view(torch.int64)
+    base = layout.SIG_SLOTS // layout.SLOT_WORDS
+    word = (TAG << 32) | 2
+    for b in range(grid):
+        for p in range(world):
+            if p != rank:
+                slots[base + b * layout.MAX_RANKS + p] = word
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--path", choices=["1stage", "2stage"], default="2stage")
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--rows", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=6144)
+    ap.add_argument("--unroll", type=int, default=1)
+    ap.add_argument("--block", type=int, default=256)
+    ap.add_argument("--grid", type=int, default=0,
+                    help="blocks (0: what the communicator launches with W ranks on one GPU)")
+    ap.add_argument("--no-graph", action="store_true", help="plain launches (for ncu)")
+    ap.add_argument("--launches", type=int, default=3, help="plain launches with --no-graph")
+    ap.add_argument("--all-ranks", action="store_true", help="every rank at once, one stream each")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from peerdsl.runtime.cuda.loader import CudaLoader
+    W, dev = args.world, torch.device("cuda:0")
+    cx = {"T": "bf16", "W": W, "U": args.unroll, "B": args.block}
+    if args.path == "2stage":
+        cx["E"] = 0
+    kernel = CudaLoader(os.path.join(args.build, "sm_90", "manifest.json")).kernel(
+        f"allreduce_{args.path}", **cx)
+    g = torch.Generator().manual_seed(7)
+    xs = [(torch.randn(args.rows, args.hidden, generator=g) * (r + 1)).to(torch.bfloat16)
+          for r in range(W)]
+    ref = xs[0].float()
+    for x in xs[1:]:
+        ref = ref + x.float()
+    ref = ref.to(torch.bfloat16).to(dev)
+    inputs = [x.to(dev) for x in xs]
+    table = torch.tensor(layout.peer_row([x.data_ptr() for x in inputs]), dtype=torch.int64,
+                         device=dev)
+    packs = args.rows * args.hidden // 8
+    work = packs // W if args.path == "2stage" else packs
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    grid = args.grid or max(1, min(-(-work // (args.block * args.unroll)), sms // W,
+                                   layout.MAX_BLOCKS))
+    # staging of every rank: its reduced shard (what its stage 1 writes), contiguous packs
+    shards = ref.view(-1).view(W, -1) if args.path == "2stage" else None
+    staging = [shards[p].clone() for p in range(W)] if shards is not None else []
+    scratch = [torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32, device=dev)
+               for _ in range(W)]  # what the fake peers' Signals receive
+    ranks = list(range(W)) if args.all_ranks else [args.rank]
+    own, outs, launch_args = {}, {}, {}
+    for r in ranks:
+        s = own[r] = torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32, device=dev)
+        s[layout.SIG_SPIN_LIMIT] = 1 << 20
+        prefill(s, r, W, grid, torch)
+        outs[r] = torch.empty_like(ref)
+        sig = [s.data_ptr() if p == r else scratch[p].data_ptr() for p in range(W)]
+        a = {"inp": table.data_ptr(), "out": outs[r], "sig": sig, "rank": r, "call": TAG}
+        if args.path == "2stage":
+            a.update(staging=[t.data_ptr() for t in staging], shard_packs=work)
+        else:
+            a["n_packs"] = packs
+        launch_args[r] = a
+    streams = {r: torch.cuda.Stream(dev) for r in ranks}
+
+    def once(with_kernel: bool = True) -> None:
+        cur = torch.cuda.current_stream(dev)
+        for r in ranks:
+            streams[r].wait_stream(cur)
+            with torch.cuda.stream(streams[r]):
+                own[r][layout.SIG_EPOCH:layout.SIG_EPOCH + layout.MAX_BLOCKS].zero_()
+                if with_kernel:
+                    kernel.launch(grid, launch_args[r], stream=streams[r])
+        for r in ranks:
+            cur.wait_stream(streams[r])
+
+    def timed(with_kernel: bool) -> float:
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(dev)
+        with torch.cuda.graph(graph, stream=side):
+            for _ in range(CALLS):
+                once(with_kernel)
+        times = []
+        for _ in range(REPLAYS):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000 / CALLS)
+        return statistics.median(times)
+
+    for _ in range(args.launches if args.no_graph else 1):
+        once()
+    torch.cuda.synchronize(dev)
+    for r in ranks:
+        err = own[r][layout.SIG_ERROR:layout.SIG_ERROR + layout.ERROR_WORDS].tolist()
+        if err[0]:
+            print(f"rank {r}: a wait failed (error record {err}): the prefill is wrong")
+            return 1
+        if not torch.equal(outs[r].view(torch.int16), ref.view(torch.int16)):
+            print(f"rank {r}: out differs from the rank-order reference")
+            return 1
+    what = (f"{args.path} {' '.join(f'{k}={v}' for k, v in cx.items())} rows={args.rows} "
+            f"H={args.hidden} grid={grid} ranks={ranks}")
+    if args.no_graph:
+        print(f"{what}: exact, {args.launches} launches")
+        return 0
+    total, memset = timed(True), timed(False)
+    # one-stage: W packs read per pack written; two-stage: stage 1 reads W and writes 1 per
+    # shard pack, stage 2 reads W and writes W
+    moved = (W + 1) * packs * 16 if args.path == "1stage" else (3 * W + 1) * work * 16
+    print(f"{what}: exact; {total:.1f} us per call with the epoch reset, {memset:.1f} us "
+          f"the reset alone, so ~{total - memset:.1f} us the kernel(s); "
+          f"{moved * len(ranks) / max(1e-9, total - memset) / 1e6:.2f} TB/s of its reads + "
+          "writes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
