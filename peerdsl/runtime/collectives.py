@@ -363,6 +363,26 @@ class Collectives(CallIdentity):
                                 result.out if bf16_mirror else None)
         return result
 
+    # ------------------------------------------------------------------ prepared calls
+    def prepare_fused_allreduce_rmsnorm(self, x, residual, weight, *args: Any,
+                                        out: torch.Tensor | None = None,
+                                        residual_out: torch.Tensor | None = None,
+                                        stage_input: bool = False, **kwargs: Any) -> Any:
+        """`fused_allreduce_rmsnorm(x, residual, weight, *args, **kwargs)` prepared once to
+        be made many times: checked, planned, outputs allocated (or `out=`,
+        `residual_out=`) and arguments packed now; each `prep()` call then reads the bound
+        tensors and returns the same NormResult (see runtime/prepared.py). Collective."""
+        from .prepared import prepare_fused
+        return prepare_fused(self, x, residual, weight, args, kwargs, out, residual_out,
+                             stage_input)
+
+    def prepare_all_reduce(self, x: torch.Tensor, *, out: torch.Tensor | None = None,
+                           stage_input: bool = False) -> Any:
+        """`all_reduce(x)` prepared once to be made many times (runtime/prepared.py); each
+        `prep()` call reduces x as it is then into the same output tensor. Collective."""
+        from .prepared import prepare_all_reduce
+        return prepare_all_reduce(self, x, out, stage_input)
+
     # ------------------------------------------------------------------ helpers
     max_local_grid = 65535  # local kernels need no co-residency: one block per row
 

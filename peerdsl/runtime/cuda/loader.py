@@ -18,6 +18,8 @@ Host cost: each kernel keeps, per thread, one kernarg buffer with both argument 
 already pointing into it (the driver copies the arguments during cuLaunchKernel, so the
 buffer is refilled in place for the next launch), and `launch_trusted` fills it with the
 entry's compiled PackPlan and launches with no per-call allocation beyond the driver call.
+`prepare` goes further for a launch made many times with the same arguments: packed once,
+then one driver call per launch (prepared_launch.py; the communicators' prepared calls).
 """
 from __future__ import annotations
 
@@ -250,6 +252,14 @@ class CudaKernel:
         if int(res[0]):
             check(res, f"cuLaunchKernel({e.name}, grid={grid}, block={e.block_size}, "
                        f"smem={e.dynamic_lds_bytes})")
+
+    def prepare(self, grid: int | tuple[int, ...], args: Mapping[str, Any],
+                stream: Any = None) -> "PreparedLaunch":
+        """This launch with `args` packed once, to be made many times: see
+        prepared_launch.py. Trusted like `launch_trusted` (the caller checked `args`);
+        `stream`: fixed for every launch, None for torch's current stream at each one."""
+        from .prepared_launch import PreparedLaunch
+        return PreparedLaunch(self, grid, args, stream)
 
     def _go(self, g: tuple[int, int, int], smem: int, h: int, slot: tuple[Any, Any, int],
             mode: str) -> None:
