@@ -31,7 +31,7 @@ import peerdsl.sim
 from cuda_fakes import CUresult, FakeDriver, Handle
 from peerdsl import layout
 from peerdsl.lowering.cache import jsonable
-from peerdsl.runtime.callid import SEQ_MULT, tag_of
+from peerdsl.runtime.callid import SEQ_MULT, code_of, tag_of
 from peerdsl.runtime.errors import (CollectiveError, CommunicatorBroken, CommunicatorClosed)
 from reference import add_rmsnorm_f64, all_reduce_ref, ulp_diff
 
@@ -180,17 +180,19 @@ def test_prepared_all_reduce_paths(monkeypatch, tp, env, path, stage_input):
         assert got_path == path and ok == [True] * 4
 
 
-def test_ranks_may_mix_prepared_and_plain_calls(monkeypatch):
-    """A prepared call is the plain call of the same arguments: the same sequence numbers,
-    tags and kernels, so one rank may make it prepared while its peers make it plain."""
+def test_ranks_may_mix_staged_prepared_and_plain_calls(monkeypatch):
+    """A prepared call that stages its input (as plain calls do) is the plain call of the
+    same arguments: the same sequence numbers, tags and kernels, so one rank may make it
+    prepared while its peers make it plain."""
     monkeypatch.setenv("PEERDSL_FUSED_PATH", "fused_1stage")
     rows = 3
 
     def body(comm):
         x, residual, weight = (t.clone() for t in inputs(0, comm.rank, rows))
-        prep = comm.prepare_fused_allreduce_rmsnorm(x, residual, weight, eps=1e-6)
+        prep = comm.prepare_fused_allreduce_rmsnorm(x, residual, weight, eps=1e-6,
+                                                    stage_input=True)
         ok = []
-        for step in range(3):
+        for step in range(4):
             for t, new in zip((x, residual, weight), inputs(step, comm.rank, rows)):
                 t.copy_(new)
             if (comm.rank + step) % 2:
@@ -202,7 +204,95 @@ def test_ranks_may_mix_prepared_and_plain_calls(monkeypatch):
         return ok, key
 
     (ok0, key0), (ok1, key1) = peerdsl.sim.run(2, body, seed=4, skew=skew)
-    assert ok0 == ok1 == [True] * 3 and key0 == key1
+    assert ok0 == ok1 == [True] * 4 and key0 == key1
+
+
+@pytest.mark.parametrize("other", ["the plain call", "another prepared call"])
+def test_an_in_place_prepared_call_met_by_another_call_is_a_mismatch(monkeypatch, other):
+    """Read in place, the input peers read is the prepared call's bound tensor: a peer
+    making the plain call (it reads the pool) or another prepared call at that point must
+    not pass for it. Its tag names the prepared call, so the ranks raise collective errors
+    (a mismatch, or the abort mark of the peer that saw one) instead of returning a result
+    computed from the wrong memory."""
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "fused_1stage")
+
+    def body(comm):
+        x, residual, weight = inputs(0, comm.rank, 2)
+        a = comm.prepare_fused_allreduce_rmsnorm(x, residual, weight)
+        b = comm.prepare_fused_allreduce_rmsnorm(x.clone(), residual, weight)
+        a(), b()                                  # the same order on every rank: fine
+        comm.fused_allreduce_rmsnorm(x, residual, weight)  # (grows the simulator's pool)
+        if comm.rank == 0:
+            first = (lambda: comm.fused_allreduce_rmsnorm(x, residual, weight)) \
+                if other == "the plain call" else b
+        else:
+            first = a
+        seen = []
+        for call in (first, a):
+            try:
+                call()
+                seen.append("returned")
+            except CommunicatorBroken:
+                seen.append("broken")
+            except CollectiveError as e:
+                seen.append(type(e).__name__)
+        return seen, str(comm.broken)
+
+    results = peerdsl.sim.run(2, body, seed=1, spin_limit=3000)
+    for seen, _ in results:
+        assert seen[0] in ("CollectiveMismatch", "CollectiveAborted") and seen[1] == "broken"
+    mismatch = [first for seen, first in results if seen[0] == "CollectiveMismatch"]
+    assert mismatch and any("fused_allreduce_rmsnorm[prepared #" in m for m in mismatch)
+
+
+def test_preparing_is_collective_and_agreed(monkeypatch):
+    """A rank whose inputs fail the checks raises its own error and its peers a named
+    RuntimeError (nobody waits for it); ranks preparing different calls all raise."""
+    def body(comm):
+        x, residual, weight = inputs(0, comm.rank, 2)
+        got = []
+        bad = residual[:1] if comm.rank == 1 else residual
+        try:
+            comm.prepare_fused_allreduce_rmsnorm(x, bad, weight)
+        except (ValueError, RuntimeError) as e:
+            got.append((type(e).__name__, str(e)[:120]))
+        try:
+            comm.prepare_all_reduce(x if comm.rank == 0 else x[:1])
+        except ValueError as e:
+            got.append((type(e).__name__, str(e)[:200]))
+        prep = comm.prepare_all_reduce(x)          # agreed: prepared everywhere
+        got.append(same(prep(), all_reduce_ref(comm.exchange(x))))
+        return got
+
+    r0, r1 = peerdsl.sim.run(2, body, seed=1)
+    assert r0[0][0] == "RuntimeError" and "rank 1: ValueError: residual has shape" in r0[0][1]
+    assert r1[0][0] == "ValueError" and r1[0][1].startswith("residual has shape")
+    for r in (r0, r1):
+        assert r[1][0] == "ValueError" and "ranks prepared different calls" in r[1][1]
+        assert "all_reduce(bf16[2, 2880])" in r[1][1] and "all_reduce(bf16[1, 2880])" in r[1][1]
+        assert r[2] is True
+
+
+def test_paths_without_a_prepared_form_make_the_plain_call(monkeypatch):
+    """A non-contiguous input (the unfused path) and the torch.distributed fallback: each
+    call is the plain call (its own sequence number), its result copied into the bound
+    outputs."""
+    monkeypatch.setenv("PEERDSL_CUSTOM_AR_MAX_BYTES", "64")   # every all-reduce: fallback
+
+    def body(comm):
+        x, residual, weight = inputs(0, comm.rank, 3)
+        strided = x.t().contiguous().t()                       # the same values, transposed
+        prep = comm.prepare_fused_allreduce_rmsnorm(strided, residual, weight)
+        ar = comm.prepare_all_reduce(x)
+        seq = comm._seq
+        got = [t.clone() for t in prep()]
+        reduced = ar().clone()
+        return (prep.path, prep.fast, ar.path, ar.fast, comm._seq - seq,
+                fused_ok(got, 0, 2, comm.rank, 3),
+                same(reduced, all_reduce_ref([inputs(0, r, 3)[0] for r in range(2)])))
+
+    for rep in peerdsl.sim.run(2, body, seed=1):
+        assert rep == ("unfused", False, "fallback", False, 2, True, True), rep
 
 
 def test_prepared_call_is_refused_once_broken(monkeypatch):
@@ -263,7 +353,7 @@ def test_prepare_checks_like_the_plain_call():
                         ({"fp8_out": True, "out": torch.empty(2, H, dtype=BF16)}, ValueError)):
             with pytest.raises(exc) as e:
                 comm.prepare_fused_allreduce_rmsnorm(x, residual, weight, **kw)
-            errors.append(str(e.value)[:40])
+            errors.append(str(e.value))
         with pytest.raises(ValueError, match="residual has shape"):
             comm.prepare_fused_allreduce_rmsnorm(x, residual[:1], weight)
         empty = comm.prepare_fused_allreduce_rmsnorm(x[:0], residual[:0], weight)
@@ -395,18 +485,25 @@ def test_gpu_prepared_call_patches_the_tag_and_makes_one_driver_call(gpu):
     assert gpu.last_path == "fused_1stage"
     plain = launched_fields(gpu, fake.launches[-1])
     code = (plain["call"] ^ (1 * SEQ_MULT)) & layout.TAG_MASK   # what the tag hashes
+    staged = gpu.prepare_fused_allreduce_rmsnorm(x, residual, weight, stage_input=True)
+    staged()                                                     # seq 2: the plain tag
+    assert launched_fields(gpu, fake.launches[-1])["call"] == tag_of(2, code)
     prep = gpu.prepare_fused_allreduce_rmsnorm(x, residual, weight)
     assert (prep.path, prep.launches, prep.fast) == ("fused_1stage", 1, True)
+    op, *rest = gpu._call_log.recent[-1][2]                   # read in place: its own tag
+    key = ("fused_allreduce_rmsnorm[prepared #1, input in place]", *rest)
+    code = code_of(key)
     shared = next(k for k in prep._keep if type(k).__name__ == "PeerBuffer")
     assert shared.address == x.data_ptr() and len(set(shared.addresses)) == WORLD
-    for seq in (2, 3, 4):
+    for seq in (3, 4, 5):
         calls = len(fake.calls)
         got = prep()
         assert fake.calls[calls:] == [("cuLaunchKernel", fake.launches[-1]["symbol"])]
         rec = fake.launches[-1]
         assert rec["grid"] == (4, 1, 1) and gpu._seq == seq
         f = launched_fields(gpu, rec)
-        assert f["call"] == tag_of(seq, code)                   # the plain call's tag at seq
+        assert f["call"] == tag_of(seq, code)
+        assert gpu._call_log.recent[-1] == (seq, f["call"], key)  # named in error messages
         # x is read in place through its own table row: every rank's address of x
         assert f["inp"] == shared.table.data_ptr()
         assert shared.table.tolist() == layout.peer_row(list(shared.addresses))
@@ -418,7 +515,6 @@ def test_gpu_prepared_call_patches_the_tag_and_makes_one_driver_call(gpu):
                                  if k not in ("call", "inp", "out", "residual_out")}
         assert same_as_plain["residual"] == residual.data_ptr()
         assert [same_as_plain[f"sig_{i}"] for i in range(WORLD)] == gpu.signal_peers
-    assert gpu._call_log.recent[-1][1] == tag_of(4, code)     # named in error messages
 
 
 def test_gpu_prepared_call_runs_no_torch_operation_and_little_python(gpu, monkeypatch):

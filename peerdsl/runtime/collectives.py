@@ -379,7 +379,7 @@ class Collectives(CallIdentity):
         be made many times: checked, planned, outputs allocated (or `out=`,
         `residual_out=`) and arguments packed now; each `prep()` call then reads the bound
         tensors and returns the same NormResult (see runtime/prepared.py). Collective."""
-        from .prepared import prepare_fused
+        from .prepared_fused import prepare_fused
         return prepare_fused(self, x, residual, weight, args, kwargs, out, residual_out,
                              stage_input)
 

@@ -6,26 +6,32 @@
         out, residual_out = prep()    # the same NormResult (the same tensors) every call
 
 `comm.prepare_fused_allreduce_rmsnorm(x, residual, weight, *args, out=None,
-residual_out=None, stage_input=False, **kwargs)` and `comm.prepare_all_reduce(x, out=None,
-stage_input=False)` check the inputs as the plain entry does, pick the path (dispatch, with
-the PEERDSL_* environment as it is now), allocate the outputs once (or take `out=` /
-`residual_out=`, which must not overlap an input), bind every tensor by address and, on the
-GPU, pack each kernel's arguments once (cuda/prepared_launch.py). A call `prep()` then
-refuses when the communicator is broken or closed, takes the next sequence number, writes
-the call tag into the packed bytes and launches: one driver call per kernel, no torch
-operation and no Python-level check on the GPU.
+residual_out=None, stage_input=False, **kwargs)` (prepared_fused.py) and
+`comm.prepare_all_reduce(x, out=None, stage_input=False)` check the inputs as the plain
+entry does, pick the path (dispatch, with the PEERDSL_* environment as it is now), allocate
+the outputs once (or take `out=` / `residual_out=`, which must not overlap an input), bind
+every tensor by address and, on the GPU, pack each kernel's arguments once
+(cuda/prepared_launch.py). A call `prep()` then refuses when the communicator is broken or
+closed, takes the next sequence number, writes the call tag into the packed bytes and
+launches: one driver call per kernel, no torch operation and no Python-level check on the GPU.
 
-A prepared call IS the plain call `fused_allreduce_rmsnorm(x, residual, weight, *args,
-**kwargs)` (or `all_reduce(x)`) made again, for issue 14's guarantees: one sequence number
-per call, the same call tags and kernels (ranks may mix prepared and plain calls of the same
-arguments), errors mark the communicator broken, calls after close() raise
-CommunicatorClosed.
+Issue 14's guarantees hold: one sequence number per call, errors mark the communicator
+broken, calls after close() raise CommunicatorClosed. A prepared call runs the kernels the
+plain call of the same arguments runs; its call tag is the plain call's where it reads its
+input as the plain call does (`stage_input=True`, and the LL paths, whose kernels read the
+input locally), so ranks may mix those with plain calls. Read in place (the default on the
+one- and two-stage paths), the input a peer reads is the bound tensor of the same prepared
+call on every rank, not the registered pool: that call's tag names it (`op[prepared #n,
+input in place]`, n counting such preparations, which every rank makes in the same order),
+so a rank making another call at that point raises CollectiveMismatch instead of reading
+the wrong memory.
 
 Contract:
-- Preparing is collective on every backend (every rank prepares the same calls in the same
-  order): the bound input is shared with the peers once and read in place at each call
-  (its registration lasts until `comm.close()`). `stage_input=True` copies it into the
-  registered pool at each call instead, as plain eager calls do (one device copy more).
+- Preparing is collective on every backend: every rank prepares the same calls in the same
+  order. The ranks first exchange what they prepare (a rank whose inputs fail the checks
+  raises its error, its peers a RuntimeError naming it; ranks preparing different calls
+  raise ValueError), then an input read in place is shared with the peers once (its
+  registration lasts until `comm.close()`).
 - Each call reads the bound tensors as they are then and overwrites the outputs of the
   previous call: copy a result out before the next call if it must survive it.
 - The path, grid and kernels are fixed when preparing; paths with no prepared form (the
@@ -42,14 +48,12 @@ from typing import Any
 import torch
 
 from .. import layout
-from ..ops._rows import FLAG_FP8, FLAG_MIRROR
 from . import dispatch
-from .callid import SEQ_MULT, call_key, code_of
-from .collectives import DTYPES, FP8_DTYPES, NormResult, check_tensor
+from .callid import SEQ_MULT, call_key, code_of, describe_key
+from .collectives import DTYPES, check_tensor
 
-__all__ = ["PreparedCall", "prepare_fused", "prepare_all_reduce"]
+__all__ = ["PreparedCall", "prepare_all_reduce"]
 _SEQ_MASK = 0xFFFFFFFF
-_FUSED_OPTIONS = ("eps", "gemma_norm", "fp8_out", "bf16_mirror")
 
 
 class PreparedCall:
@@ -74,7 +78,7 @@ class PreparedCall:
 
 # ------------------------------------------------------------------ the per-call closures
 
-def _compile(comm: Any, path: str, result: Any, actions: list[tuple]) -> Callable[[], Any]:
+def compile_call(comm: Any, path: str, result: Any, actions: list[tuple]) -> Callable[[], Any]:
     """The closure a prepared call runs. `actions`, in order: ("collective", go, key,
     check) launches `go(tag)` with the tag of call description `key`, then runs `check`
     (or None); ("local", go) launches `go()`; ("step", fn) runs `fn()`."""
@@ -133,8 +137,8 @@ def _collective_step(go: Callable[[int], None], key: tuple, log: Any) -> Callabl
     return step
 
 
-def _plain(comm: Any, op: str, path: str, entry: Callable[[], Any], result: Any,
-           copy: Callable[[Any], None]) -> PreparedCall:
+def plain_each_call(comm: Any, op: str, path: str, entry: Callable[[], Any], result: Any,
+                    copy: Callable[[Any], None]) -> PreparedCall:
     """A path with no prepared form: each call is the plain call (which takes its own
     sequence number), its result copied into the bound outputs."""
     def run() -> Any:
@@ -145,12 +149,46 @@ def _plain(comm: Any, op: str, path: str, entry: Callable[[], Any], result: Any,
 
 # ------------------------------------------------------------------ argument checks
 
-def _usable(comm: Any) -> None:
+def usable(comm: Any) -> None:
     if comm._closed or comm._broken is not None:
         comm._refuse()
 
 
-def _bind(comm: Any, entry: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+def agree(comm: Any, b: Any, what: Any, failure: BaseException | None) -> None:
+    """The exchange every preparation starts with (collective): this rank's description of
+    the call it prepares, or its failure. Raises on every rank when one failed (its own
+    error there) or when the ranks prepare different calls."""
+    mine = ("failed", f"rank {comm.rank}: {type(failure).__name__}: {failure}") \
+        if failure is not None else ("ok", what)
+    everyone = b.exchange(mine)
+    if failure is not None:
+        raise failure
+    failed = [text for status, text in everyone if status == "failed"]
+    if failed:
+        raise RuntimeError(f"preparing the call failed on {len(failed)} rank(s), so no rank "
+                           "prepared it: " + "; ".join(failed))
+    differ = [r for r, (_, theirs) in enumerate(everyone) if theirs != what]
+    if differ:
+        raise ValueError(f"ranks prepared different calls: rank {comm.rank} "
+                         f"{describe_key(what)}, rank {differ[0]} "
+                         f"{describe_key(everyone[differ[0]][1])}; every rank must prepare "
+                         "the same calls in the same order")
+
+
+def describe(op: str, args: tuple, kwargs: dict, path: str, stage_input: bool) -> tuple:
+    """What the ranks compare when preparing (picklable: dtypes, shapes, plain values)."""
+    return call_key(op, args, kwargs, path, {"stage_input": stage_input}, 0)
+
+
+def in_place_op(comm: Any, op: str) -> str:
+    """The op name in the call tags of a prepared call that reads its input in place (see
+    the module docstring): numbered in preparation order, the same on every rank."""
+    n = comm.__dict__.get("_prepared_in_place", 0) + 1
+    comm.__dict__["_prepared_in_place"] = n
+    return f"{op}[prepared #{n}, input in place]"
+
+
+def bind_entry(comm: Any, entry: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The plain entry's arguments as Python binds them (its defaults applied)."""
     sig = inspect.signature(getattr(type(comm), entry))
     try:
@@ -161,7 +199,7 @@ def _bind(comm: Any, entry: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     return bound.arguments
 
 
-def _check_output(name: str, t: torch.Tensor | None, like: torch.Tensor, shape: tuple,
+def check_output(name: str, t: torch.Tensor | None, like: torch.Tensor, shape: tuple,
                   inputs: tuple) -> None:
     if t is None:
         return
@@ -182,172 +220,63 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
-# ------------------------------------------------------------------ fused all-reduce + RMSNorm
-
-def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                  args: tuple, kwargs: dict, out: torch.Tensor | None = None,
-                  residual_out: torch.Tensor | None = None,
-                  stage_input: bool = False) -> PreparedCall:
-    """`comm.prepare_fused_allreduce_rmsnorm`: see the module docstring."""
-    entry = "fused_allreduce_rmsnorm"
-    _usable(comm)
-    bound = _bind(comm, entry, (x, residual, weight, *args), kwargs)
-    unknown = sorted(set(bound) - {"self", "x", "residual", "weight", *_FUSED_OPTIONS})
-    if unknown:
-        raise TypeError(f"prepare_{entry} does not handle the options {unknown} yet")
-    eps, gemma, fp8_out, mirror = (bound[k] for k in _FUSED_OPTIONS)
-    rows, hidden, T = comm._norm_checks(x, residual, weight, entry)
-    flags = comm._flags(gemma, fp8_out, mirror)
-    eps = float(eps)
-    shape = (rows, hidden)
-    inputs = (("x", x), ("residual", residual), ("weight", weight))
-    _check_output("out", out, x, shape, inputs)
-    _check_output("residual_out", residual_out, x, shape, inputs)
-    if out is not None and flags & FLAG_FP8 and not flags & FLAG_MIRROR:
-        raise ValueError("out= is the T output, which an fp8_out call returns only with "
-                         "bf16_mirror=True; pass residual_out= alone")
-    if rows == 0:  # as the plain call: a sequence number, no launch
-        result = comm._empty_norm_result(x, hidden, flags)
-        return PreparedCall(comm, entry, "empty", result, _compile(comm, "empty", result, []),
-                            launches=0, fast=True)
-    path = dispatch.plan_fused_ar_rms(comm.arch, comm.world, rows, hidden, x.dtype, fp8_out,
-                                      x.is_contiguous(), capacity=comm.capacity)
-    nbytes = rows * hidden * x.element_size()
-    if path == "ll+rmsnorm" and dispatch.plan_all_reduce(
-            comm.arch, comm.world, nbytes, True, comm.capacity) != "ll":
-        path = "unfused"  # not reached with the shipped tables: the all-reduce is LL there
-    if path in ("unfused", "fallback") or (path == "ll+rmsnorm" and not x.is_contiguous()):
-        return _plain_fused(comm, entry, path, x, residual, weight, args, kwargs, flags,
-                            out, residual_out)
-
-    b = comm._prepared_binder()
-    quant_after = (path.startswith("fused_") and fp8_out
-                   and not dispatch.fp8_in_epilogue(comm.arch, rows, hidden, x.dtype))
-    kflags = flags & ~(FLAG_FP8 | FLAG_MIRROR) if quant_after else flags
-    residual_v, weight_v = b.tensor("residual", residual), b.tensor("weight", weight)
-    vals, result = _norm_outputs(comm, b.output, shape, x.dtype, kflags, out, residual_out)
-    norm_cx = {"T": T, "H": hidden, "FP8": comm.fp8_format}
-    norm_args = dict(residual=residual_v, weight=weight_v, rows=rows, eps=eps, flags=kflags)
-
-    def key(kernel: str, cx: dict) -> tuple:
-        return call_key(entry, (x, residual, weight, *args), kwargs, kernel, cx, comm.world)
-    actions: list[tuple] = []
-    if path == "local":
-        actions.append(("local", b.launch("add_rmsnorm", norm_cx, comm._local_grid(rows),
-                                          dict(x=b.tensor("x", x), **norm_args, **vals),
-                                          local=True)))
-    elif path == "ll+rmsnorm":
-        packs = nbytes // 16
-        ar = b.scratch(shape, x.dtype)
-        cx = {"T": T, "W": comm.world}
-        ll_args = {"x": b.tensor("x", x), "out": ar, "sig": comm.signal_peers,
-                   "ll": comm.ll_peers, "rank": comm.rank, "n_packs": packs,
-                   "lines_per_peer": comm.ll_lines_per_peer}
-        actions.append(("collective", b.launch("allreduce_ll", cx, comm._grid(packs), ll_args),
-                        key("allreduce_ll", cx), b.check("allreduce_ll")))
-        actions.append(("local", b.launch("add_rmsnorm", norm_cx, comm._local_grid(rows),
-                                          dict(x=ar, **norm_args, **vals), local=True)))
-    else:
-        name = path.replace("fused_", "fused_ar_rms_")
-        cx = {"T": T, "H": hidden, "W": comm.world, "FP8": comm.fp8_format}
-        fused_args = dict(inp=b.registered(x, stage_input), sig=comm.signal_peers,
-                          rank=comm.rank, **norm_args, **vals)
-        if path == "fused_2stage":
-            fused_args["staging"] = comm.staging_peers
-        grid = max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))
-        actions.append(("collective", b.launch(name, cx, grid, fused_args), key(name, cx),
-                        b.check(name)))
-        if quant_after:
-            q_v, q_t = b.output(None, shape, torch.int8)
-            s_v, s_t = b.output(None, (rows, 1), torch.float32)
-            actions.append(("local", b.launch(
-                "per_token_quant_fp8", norm_cx, comm._local_grid(rows),
-                {"x": vals["out"], "q": q_v, "scale": s_v, "rows": rows}, local=True)))
-            result = NormResult(None, result.residual_out,
-                                q_t.view(FP8_DTYPES[comm.fp8_format]), s_t,
-                                result.out if mirror else None)
-    return _finish(comm, entry, path, result, b, actions)
-
-
-def _norm_outputs(comm: Any, make: Callable, shape: tuple, dtype: torch.dtype, flags: int,
-                  out: torch.Tensor | None, residual_out: torch.Tensor | None
-                  ) -> tuple[dict[str, Any], NormResult]:
-    """The kernel's output values and the NormResult the call returns (as _norm_outputs and
-    _norm_result of collectives.py make them), through `make(given, shape, dtype)`."""
-    out_v, out_t = make(out, shape, dtype)
-    res_v, res_t = make(residual_out, shape, dtype)
-    if not flags & FLAG_FP8:
-        return {"out": out_v, "residual_out": res_v, "q": 0, "scale": 0}, NormResult(out_t,
-                                                                                    res_t)
-    q_v, q_t = make(None, shape, torch.int8)
-    s_v, s_t = make(None, (shape[0], 1), torch.float32)
-    result = NormResult(None, res_t, q_t.view(FP8_DTYPES[comm.fp8_format]), s_t,
-                        out_t if flags & FLAG_MIRROR else None)
-    return {"out": out_v, "residual_out": res_v, "q": q_v, "scale": s_v}, result
-
-
-def _plain_fused(comm: Any, entry: str, path: str, x, residual, weight, args, kwargs,
-                 flags: int, out, residual_out) -> PreparedCall:
-    def make(given, shape, dtype):
-        t = given if given is not None else torch.empty(shape, dtype=dtype, device=x.device)
-        return t, t
-    _, result = _norm_outputs(comm, make, tuple(x.shape), x.dtype, flags, out, residual_out)
-
-    def copy(got: NormResult) -> None:
-        for field in result._fields:
-            getattr(result, field).copy_(getattr(got, field))
-    return _plain(comm, entry, path,
-                  lambda: comm.fused_allreduce_rmsnorm(x, residual, weight, *args, **kwargs),
-                  result, copy)
-
-
 # ------------------------------------------------------------------ all-reduce
 
 def prepare_all_reduce(comm: Any, x: torch.Tensor, out: torch.Tensor | None = None,
                        stage_input: bool = False) -> PreparedCall:
     """`comm.prepare_all_reduce`: see the module docstring."""
     entry = "all_reduce"
-    _usable(comm)
-    check_tensor("x", x, contiguous=False)
+    usable(comm)
+    b = comm._prepared_binder()
+    path, failure = "", None
+    try:
+        b.ready()
+        check_tensor("x", x, contiguous=False)
+        check_output("out", out, x, tuple(x.shape), (("x", x),))
+        nbytes = x.numel() * x.element_size()
+        path = "empty" if nbytes == 0 else dispatch.plan_all_reduce(
+            comm.arch, comm.world, nbytes, x.is_contiguous(), comm.capacity)
+    except Exception as e:  # noqa: BLE001 - sent to the peers, then raised here
+        failure = e
+    agree(comm, b, None if failure else describe(entry, (x,), {}, path, stage_input), failure)
     shape = tuple(x.shape)
-    _check_output("out", out, x, shape, (("x", x),))
-    if x.numel() == 0:
+    if path == "empty":
         result = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
-        return PreparedCall(comm, entry, "empty", result, _compile(comm, "empty", result, []),
+        return PreparedCall(comm, entry, path, result, compile_call(comm, path, result, []),
                             launches=0, fast=True)
-    nbytes = x.numel() * x.element_size()
-    path = dispatch.plan_all_reduce(comm.arch, comm.world, nbytes, x.is_contiguous(),
-                                    comm.capacity)
     if path in ("local", "fallback"):
         result = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
-        return _plain(comm, entry, path, lambda: comm.all_reduce(x), result, result.copy_)
-    b = comm._prepared_binder()
+        return plain_each_call(comm, entry, path, lambda: comm.all_reduce(x), result,
+                               result.copy_)
     out_v, result = b.output(out, shape, x.dtype)
     cx = {"T": DTYPES[x.dtype], "W": comm.world}
     packs = nbytes // 16
+    op = entry
     if path == "ll":
         name, grid = "allreduce_ll", comm._grid(packs)
         args = {"x": b.tensor("x", x), "out": out_v, "sig": comm.signal_peers,
                 "ll": comm.ll_peers, "rank": comm.rank, "n_packs": packs,
                 "lines_per_peer": comm.ll_lines_per_peer}
-    elif path == "1stage":
-        name, grid = "allreduce_1stage", comm._grid(packs)
-        args = {"inp": b.registered(x, stage_input), "out": out_v, "sig": comm.signal_peers,
-                "rank": comm.rank, "n_packs": packs}
     else:
-        shard = packs // comm.world
-        name, grid = "allreduce_2stage", comm._grid(shard)
-        args = {"inp": b.registered(x, stage_input), "staging": comm.staging_peers,
-                "out": out_v, "sig": comm.signal_peers, "rank": comm.rank,
-                "shard_packs": shard}
-    key = call_key(entry, (x,), {}, name, cx, comm.world)
-    return _finish(comm, entry, path, result, b,
-                   [("collective", b.launch(name, cx, grid, args), key, b.check(name))])
+        inp = b.registered(x, stage_input)
+        op = entry if stage_input else in_place_op(comm, entry)
+        if path == "1stage":
+            name, grid = "allreduce_1stage", comm._grid(packs)
+            args = {"inp": inp, "out": out_v, "sig": comm.signal_peers, "rank": comm.rank,
+                    "n_packs": packs}
+        else:
+            shard = packs // comm.world
+            name, grid = "allreduce_2stage", comm._grid(shard)
+            args = {"inp": inp, "staging": comm.staging_peers, "out": out_v,
+                    "sig": comm.signal_peers, "rank": comm.rank, "shard_packs": shard}
+    key = call_key(op, (x,), {}, name, cx, comm.world)
+    return finish(comm, entry, path, result, b,
+                  [("collective", b.launch(name, cx, grid, args), key, b.check(name))])
 
 
-def _finish(comm: Any, op: str, path: str, result: Any, b: Any,
+def finish(comm: Any, op: str, path: str, result: Any, b: Any,
             actions: list[tuple]) -> PreparedCall:
     actions = ([("step", s) for s in b.before] + actions + [("step", s) for s in b.after])
     launches = sum(a[0] in ("collective", "local") for a in actions)
-    return PreparedCall(comm, op, path, result, _compile(comm, path, result, actions),
+    return PreparedCall(comm, op, path, result, compile_call(comm, path, result, actions),
                         launches, fast=True, keep=tuple(b.keep))

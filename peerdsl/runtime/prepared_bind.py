@@ -32,13 +32,20 @@ class GpuBinder:
     """Prepared calls on the GPU Communicator (runtime/communicator.py)."""
 
     def __init__(self, comm: Any):
-        if comm._capturing and comm._stream_capturing():
-            raise RuntimeError("prepare a call outside torch.cuda.graph(): preparing shares "
-                               "the bound input with the peers (collective)")
         self.comm = comm
         self.before: list[Step] = []
         self.after: list[Step] = []
         self.keep: list[Any] = []   # what the packed addresses point into
+
+    def ready(self) -> None:
+        """Raise if a call cannot be prepared now (checked with the inputs)."""
+        if self.comm._capturing and self.comm._stream_capturing():
+            raise RuntimeError("prepare a call outside torch.cuda.graph(): preparing shares "
+                               "the bound input with the peers (collective)")
+
+    def exchange(self, obj: Any) -> list:
+        """Collective: every rank's `obj` (through the communicator's group)."""
+        return self.comm._exchange(obj)
 
     def tensor(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """An input read in place (checked contiguous by the entry's checks)."""
@@ -122,6 +129,12 @@ class SimBinder:
         self.before: list[Step] = []
         self.after: list[Step] = []
         self.keep: list[Any] = []
+
+    def ready(self) -> None:
+        pass
+
+    def exchange(self, obj: Any) -> list:
+        return self.comm.exchange(obj)
 
     def tensor(self, name: str, t: torch.Tensor) -> Any:
         comm = self.comm
