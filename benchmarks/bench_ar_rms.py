@@ -8,6 +8,8 @@ started here). In the same run: the copy bandwidth (device-to-device, read + wri
 null collective (a launch + one Signal barrier), torch eager / torch.compile / a Triton
 add + RMSNorm of our own, and our add + RMSNorm and FP8 quant kernels beside them, and the
 host-side cost of one eager fused call. Writes $OUT/bench.json (or --json) and a PNG plot.
+`--host-cost` measures only the host cost of one eager call, plain and prepared
+(benchmarks/host_cost_gpu.py).
 """
 from __future__ import annotations
 
@@ -261,7 +263,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--replot", metavar="JSON", help="redraw the table and plot of a saved run")
     ap.add_argument("--rank-worker", nargs=3, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--host-cost", action="store_true",
+                    help="only the host cost of one eager call, plain and prepared, back to "
+                         "back and after an idle GPU (benchmarks/host_cost_gpu.py)")
     args = ap.parse_args()
+    if args.host_cost:
+        from benchmarks.host_cost_gpu import run
+        return run(args.build, args.tp, args.hidden[0], [16, 2], args.json)
     if args.replot:
         with open(args.replot) as f:
             saved = json.load(f)
