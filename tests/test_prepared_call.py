@@ -638,3 +638,33 @@ def test_gpu_prepared_launch_recovers_from_a_foreign_current_context(gpu):
     calls = len(fake.calls)
     prep()                                   # now current: one driver call again
     assert [c[0] for c in fake.calls[calls:]] == ["cuLaunchKernel"]
+
+
+# ---------------------------------------------------------------------------- the loader
+@pytest.mark.parametrize("mode", ["params", "buffer"])
+def test_prepared_launch_sends_what_the_trusted_launch_sends(fake, man, mode):
+    """CudaKernel.prepare: the same record as launch_trusted (bytes, grid, block, stream),
+    a named 4-byte argument patched in place between launches, nothing repacked."""
+    from cuda_fakes import A, B
+    from peerdsl.runtime import cuda as pcuda
+    k = pcuda.CudaLoader(man, device=0, mode=mode).kernel("peer_probe")
+    values = {"rank": 1, "world": 2, "epoch": -9, "scale": 2.0, "sig": [A, B]}
+    def sent(rec):  # the record without the host addresses of the argument arrays
+        return dict(rec, extra=rec["extra"] and rec["extra"][1])
+    k.launch_trusted(3, values, stream=0x5EED)
+    want = sent(fake.launches[-1])
+    prepared = k.prepare(3, values, stream=0x5EED)
+    prepared.launcher()()
+    assert sent(fake.launches[-1]) == want
+    tagged = prepared.launcher(["world"])
+    for value in (5, 0x7FFFFFFF):
+        calls = len(fake.calls)
+        tagged(value)
+        assert [c[0] for c in fake.calls[calls:]] == ["cuLaunchKernel"]
+        k.launch_trusted(3, dict(values, world=value), stream=0x5EED)
+        assert sent(fake.launches[-1]) == sent(fake.launches[-2])
+    assert struct.unpack_from("<i", prepared.data, 68)[0] == 0x7FFFFFFF
+    with pytest.raises(KeyError, match="no 4-byte scalar argument 'sig_0'"):
+        prepared.word("sig_0")
+    with pytest.raises(KeyError, match="'epoch'"):   # 8 bytes: not a tag word
+        prepared.word("epoch")
