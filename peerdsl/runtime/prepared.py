@@ -150,6 +150,8 @@ def plain_each_call(comm: Any, op: str, path: str, entry: Callable[[], Any], res
 # ------------------------------------------------------------------ argument checks
 
 def usable(comm: Any) -> None:
+    """Refuse at once on a broken or closed communicator, before the ranks' exchange (as
+    every call after an error or close() is refused before it does anything)."""
     if comm._closed or comm._broken is not None:
         comm._refuse()
 
@@ -230,7 +232,7 @@ def prepare_all_reduce(comm: Any, x: torch.Tensor, out: torch.Tensor | None = No
     b = comm._prepared_binder()
     path, failure = "", None
     try:
-        b.ready()
+        b.ready(x)
         check_tensor("x", x, contiguous=False)
         check_output("out", out, x, tuple(x.shape), (("x", x),))
         nbytes = x.numel() * x.element_size()

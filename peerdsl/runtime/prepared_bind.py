@@ -37,11 +37,15 @@ class GpuBinder:
         self.after: list[Step] = []
         self.keep: list[Any] = []   # what the packed addresses point into
 
-    def ready(self) -> None:
-        """Raise if a call cannot be prepared now (checked with the inputs)."""
+    def ready(self, x: torch.Tensor) -> None:
+        """Raise if the call cannot be prepared here (checked with the inputs, before the
+        ranks compare what they prepare: nothing after that may fail on one rank alone)."""
         if self.comm._capturing and self.comm._stream_capturing():
             raise RuntimeError("prepare a call outside torch.cuda.graph(): preparing shares "
                                "the bound input with the peers (collective)")
+        if isinstance(x, torch.Tensor) and x.device != self.comm.device:
+            raise ValueError(f"x is on {x.device}; this communicator runs on "
+                             f"{self.comm.device}")
 
     def exchange(self, obj: Any) -> list:
         """Collective: every rank's `obj` (through the communicator's group)."""
@@ -130,8 +134,9 @@ class SimBinder:
         self.after: list[Step] = []
         self.keep: list[Any] = []
 
-    def ready(self) -> None:
-        pass
+    def ready(self, x: torch.Tensor) -> None:
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            raise ValueError(f"x is on {x.device}: on the simulator pass CPU tensors")
 
     def exchange(self, obj: Any) -> list:
         return self.comm.exchange(obj)

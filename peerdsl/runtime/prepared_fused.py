@@ -58,7 +58,7 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
     b = comm._prepared_binder()
     failure = None
     try:
-        b.ready()
+        b.ready(x)
         path, (rows, hidden, T), flags, eps = _plan(comm, x, residual, weight, args, kwargs,
                                                    out, residual_out)
     except Exception as e:  # noqa: BLE001 - sent to the peers, then raised here

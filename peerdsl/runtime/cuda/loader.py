@@ -27,12 +27,15 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..kernarg import LaunchBuffer, dim3
 from ..loader_base import ManifestLoader
 from ..manifest import KernelEntry, Manifest
 from ._driver import check, driver
+
+if TYPE_CHECKING:
+    from .prepared_launch import PreparedLaunch
 
 __all__ = ["CudaKernel", "CudaLoader", "ensure_context", "default_device", "stream_handle",
            "current_stream", "clear_caches"]
