@@ -277,7 +277,8 @@ def prepare_all_reduce(comm: Any, x: torch.Tensor, out: torch.Tensor | None = No
 
 
 def finish(comm: Any, op: str, path: str, result: Any, b: Any,
-            actions: list[tuple]) -> PreparedCall:
+           actions: list[tuple]) -> PreparedCall:
+    """The PreparedCall of `actions` with the binder's per-call steps around them."""
     actions = ([("step", s) for s in b.before] + actions + [("step", s) for s in b.after])
     launches = sum(a[0] in ("collective", "local") for a in actions)
     return PreparedCall(comm, op, path, result, compile_call(comm, path, result, actions),
