@@ -13,6 +13,9 @@ host-side cost of one eager fused call. Writes $OUT/bench.json (or --json) and a
 
 times every built one-/two-stage all-reduce variant instead (benchmarks/bench_ar_variants.py,
 which takes the same --build/--tp and its own options).
+
+`--host-cost` measures only the host cost of one eager call, plain and prepared
+(benchmarks/host_cost_gpu.py).
 """
 from __future__ import annotations
 
@@ -269,7 +272,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--replot", metavar="JSON", help="redraw the table and plot of a saved run")
     ap.add_argument("--rank-worker", nargs=3, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--host-cost", action="store_true",
+                    help="only the host cost of one eager call, plain and prepared, back to "
+                         "back and after an idle GPU (benchmarks/host_cost_gpu.py)")
     args = ap.parse_args()
+    if args.host_cost:
+        from benchmarks.host_cost_gpu import run
+        return run(args.build, args.tp, args.hidden[0], [16, 2], args.json)
     if args.replot:
         with open(args.replot) as f:
             saved = json.load(f)

@@ -16,7 +16,9 @@ error word, i.e. waits for the GPU (`--check-errors` measures that read's host p
 
 Prints the median us per call (TP4, H=6144 bf16) for each case, ROWS or ROWS:PATH (PATH
 forced through PEERDSL_FUSED_PATH: sm_90 dispatch takes no fused LL path by default), the
-path taken, and a cProfile top list. Without a manifest under --build, the needed ops are built first.
+path taken, and a cProfile top list, twice per case: the plain eager call and the prepared
+call of the same arguments (`comm.prepare_fused_allreduce_rmsnorm`, runtime/prepared.py:
+checked, planned and packed once; each call patches the tag and makes one driver launch). Without a manifest under --build, the needed ops are built first.
 """
 from __future__ import annotations
 
@@ -204,14 +206,17 @@ def measure(build: str, cases: list[str], hidden: int, world: int, iters: int,
             def call(x=x, res=res, w=w):
                 return comm.fused_allreduce_rmsnorm(x, res, w)
             with mock.patch.dict(os.environ, forced):
-                call()
-                n0 = comm.stub_driver.launches
-                call()
-                r = {"rows": rows, "path": comm.last_path,
-                     "launches": comm.stub_driver.launches - n0}
-                r.update(median_us(call, iters, rounds))
-                r["profile"], r["py_calls"] = profile(call, max(50, iters // 4), top)
-            out["rows"][case] = r
+                # the prepared call of the same arguments (issue 15): planned and packed once
+                prepared = comm.prepare_fused_allreduce_rmsnorm(x, res, w)
+                for kind, fn in (("plain", call), ("prepared", prepared)):
+                    fn()
+                    n0 = comm.stub_driver.launches
+                    fn()
+                    r = {"rows": rows, "kind": kind, "path": comm.last_path,
+                         "launches": comm.stub_driver.launches - n0}
+                    r.update(median_us(fn, iters, rounds))
+                    r["profile"], r["py_calls"] = profile(fn, max(50, iters // 4), top)
+                    out["rows"][f"{case} {kind}"] = r
     return out
 
 
@@ -244,9 +249,9 @@ def main() -> int:
     print(f"host cost per eager fused call (median of {args.iters}, check_errors="
           f"{res['check_errors']}):")
     for case, r in res["rows"].items():
-        print(f"  TP{res['world']} H={res['hidden']} rows={r['rows']:<3} {r['path']:<13} "
-              f"median {r['us']:6.1f} us (CPU {r['cpu_us']:6.1f}), best round {r['best_us']:6.1f}"
-              f" us, {r['py_calls']} Python calls")
+        print(f"  TP{res['world']} H={res['hidden']} rows={r['rows']:<3} {r['kind']:<8} "
+              f"{r['path']:<13} median {r['us']:6.1f} us (CPU {r['cpu_us']:6.1f}), best round "
+              f"{r['best_us']:6.1f} us, {r['launches']} launch(es), {r['py_calls']} Python calls")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -82,6 +82,14 @@ def _describe(args: tuple) -> tuple:
     return tuple(out)
 
 
+def call_key(op: str, args: tuple, kwargs: dict, kernel: str, constexprs: dict,
+             world: int) -> tuple:
+    """The description of one launch of a call `op(*args, **kwargs)`: what its code hashes
+    (`_call_id_for` for every launch, runtime/prepared.py once per prepared call)."""
+    return (op, _describe(args), tuple([(n, _short(v)) for n, v in kwargs.items()])
+            if kwargs else (), kernel, tuple(constexprs.items()), world)
+
+
 def describe_key(key: tuple) -> str:
     """'all_reduce(bf16[64, 6144]) via allreduce_2stage T=bf16 W=4' for a description key."""
     op, args, kwargs, kernel, constexprs, world = key
@@ -198,8 +206,7 @@ class CallIdentity:
             self._call_entry = None
         self._call_launches += 1
         op, a, k = self._call_entry or (name, (), {})
-        key = (op, _describe(a), tuple([(n, _short(v)) for n, v in k.items()]) if k else (),
-               name, tuple(constexprs.items()), self.world)
+        key = call_key(op, a, k, name, constexprs, self.world)
         code = _CODES.get(key)
         if code is None:
             code = code_of(key)

@@ -131,6 +131,11 @@ class Collectives(CallIdentity):
         from its manifest; the simulator's are the op registry's variants for the target."""
         return from_registry(self.arch)
 
+    @functools.cached_property
+    def _hidden_built(self) -> set[tuple[int, str]]:
+        """(hidden, entry) pairs `check_hidden` passed: `built` never changes."""
+        return set()
+
     # ------------------------------------------------------------------ the meta buffer
     # (fixed once the communicator is set up: computed on first use, not on every call)
     @functools.cached_property
@@ -238,7 +243,9 @@ class Collectives(CallIdentity):
         if x.dim() != 2:
             raise ValueError(f"x must be [rows, hidden], got shape {tuple(x.shape)}")
         rows, hidden = x.shape
-        check_hidden(hidden, self.built, entry)
+        if (hidden, entry) not in self._hidden_built:  # checked once per size: it builds sets
+            check_hidden(hidden, self.built, entry)
+            self._hidden_built.add((hidden, entry))
         check_tensor("residual", residual, x.dtype, (rows, hidden))
         check_tensor("weight", weight, x.dtype, (hidden,))
         for name, t in (("residual", residual), ("weight", weight)):
@@ -366,6 +373,26 @@ class Collectives(CallIdentity):
             result = NormResult(None, result.residual_out, q, scale,
                                 result.out if bf16_mirror else None)
         return result
+
+    # ------------------------------------------------------------------ prepared calls
+    def prepare_fused_allreduce_rmsnorm(self, x, residual, weight, *args: Any,
+                                        out: torch.Tensor | None = None,
+                                        residual_out: torch.Tensor | None = None,
+                                        stage_input: bool = False, **kwargs: Any) -> Any:
+        """`fused_allreduce_rmsnorm(x, residual, weight, *args, **kwargs)` prepared once to
+        be made many times: checked, planned, outputs allocated (or `out=`,
+        `residual_out=`) and arguments packed now; each `prep()` call then reads the bound
+        tensors and returns the same NormResult (see runtime/prepared.py). Collective."""
+        from .prepared_fused import prepare_fused
+        return prepare_fused(self, x, residual, weight, args, kwargs, out, residual_out,
+                             stage_input)
+
+    def prepare_all_reduce(self, x: torch.Tensor, *, out: torch.Tensor | None = None,
+                           stage_input: bool = False) -> Any:
+        """`all_reduce(x)` prepared once to be made many times (runtime/prepared.py); each
+        `prep()` call reduces x as it is then into the same output tensor. Collective."""
+        from .prepared import prepare_all_reduce
+        return prepare_all_reduce(self, x, out, stage_input)
 
     # ------------------------------------------------------------------ helpers
     max_local_grid = 65535  # local kernels need no co-residency: one block per row

@@ -225,6 +225,27 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
         # Call sites pass their constexprs in a fixed order, so the items need no sorting;
         # another order would only cache the same kernel twice.
         try:
+            hit = self._kernels.get((name, *constexprs.items()))
+        except TypeError:  # an unhashable constexpr value: _kernel_hit keys it by str()
+            hit = None
+        if hit is None:
+            hit = self._kernel_hit(name, constexprs, local)
+        if not local:
+            grid = min(grid, hit[2])
+            tag = self._call_id_for(name, constexprs, args)
+            for param in hit[3]:  # the kernel's dsl.CallId parameters
+                args[param] = tag
+        hit[1](grid, args)
+        if self.check_each_call and not local and not (self._capturing
+                                                        and self._stream_capturing()):
+            # the flag word alone says whether a spin expired; check_errors decodes the record
+            if self._error_flag.item():  # synchronizes, as the full read did
+                self.check_errors(name)
+
+    def _kernel_hit(self, name: str, constexprs: dict, local: bool) -> tuple:
+        """(kernel, trusted launcher, resident grid cap or None, CallId parameter names) of
+        kernel `name` with `constexprs`, loaded once (the launches and prepared calls)."""
+        try:
             key = (name, *constexprs.items())
             hit = self._kernels.get(key)
         except TypeError:  # an unhashable constexpr value
@@ -238,17 +259,12 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
                                         or functools.partial(kernel.launch, trusted=True),
                                         None if local else self._resident_cap(kernel),
                                         _call_params(kernel))
-        if not local:
-            grid = min(grid, hit[2])
-            tag = self._call_id_for(name, constexprs, args)
-            for param in hit[3]:  # the kernel's dsl.CallId parameters
-                args[param] = tag
-        hit[1](grid, args)
-        if self.check_each_call and not local and not (self._capturing
-                                                        and self._stream_capturing()):
-            # the flag word alone says whether a spin expired; check_errors decodes the record
-            if self._error_flag.item():  # synchronizes, as the full read did
-                self.check_errors(name)
+        return hit
+
+    def _prepared_binder(self) -> Any:
+        """How prepared calls (runtime/prepared.py) bind tensors and launch here."""
+        from .prepared_bind import GpuBinder
+        return GpuBinder(self)
 
     def _resident_cap(self, kernel: Any) -> int:
         """How many blocks of `kernel` each rank may launch so that the blocks of every rank

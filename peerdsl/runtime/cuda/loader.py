@@ -18,6 +18,8 @@ Host cost: each kernel keeps, per thread, one kernarg buffer with both argument 
 already pointing into it (the driver copies the arguments during cuLaunchKernel, so the
 buffer is refilled in place for the next launch), and `launch_trusted` fills it with the
 entry's compiled PackPlan and launches with no per-call allocation beyond the driver call.
+`prepare` goes further for a launch made many times with the same arguments: packed once,
+then one driver call per launch (prepared_launch.py; the communicators' prepared calls).
 """
 from __future__ import annotations
 
@@ -25,12 +27,15 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..kernarg import LaunchBuffer, dim3
 from ..loader_base import ManifestLoader
 from ..manifest import KernelEntry, Manifest
 from ._driver import check, driver
+
+if TYPE_CHECKING:
+    from .prepared_launch import PreparedLaunch
 
 __all__ = ["CudaKernel", "CudaLoader", "ensure_context", "default_device", "stream_handle",
            "current_stream", "clear_caches"]
@@ -250,6 +255,14 @@ class CudaKernel:
         if int(res[0]):
             check(res, f"cuLaunchKernel({e.name}, grid={grid}, block={e.block_size}, "
                        f"smem={e.dynamic_lds_bytes})")
+
+    def prepare(self, grid: int | tuple[int, ...], args: Mapping[str, Any],
+                stream: Any = None) -> "PreparedLaunch":
+        """This launch with `args` packed once, to be made many times: see
+        prepared_launch.py. Trusted like `launch_trusted` (the caller checked `args`);
+        `stream`: fixed for every launch, None for torch's current stream at each one."""
+        from .prepared_launch import PreparedLaunch
+        return PreparedLaunch(self, grid, args, stream)
 
     def _go(self, g: tuple[int, int, int], smem: int, h: int, slot: tuple[Any, Any, int],
             mode: str) -> None:

@@ -77,6 +77,11 @@ class SimCollectiveComm(SimCommunicator, Collectives):
             args["call"] = self._call_id_for(name, constexprs, args)
             self.launch_ir(kernel, constexprs, grid, args)
 
+    def _prepared_binder(self) -> Any:
+        """How prepared calls (runtime/prepared.py) bind tensors and launch here."""
+        from ..prepared_bind import SimBinder
+        return SimBinder(self)
+
     def _write_signal(self, word: int, values: Any) -> None:
         with self.job.system.lock:
             self.device.write(self.signal.address + 4 * word, values)
