@@ -30,7 +30,9 @@ GPU_OPS = {  # op -> the constexprs of its one built variant here
     "fused_ar_rms_1stage": {"T": "bf16", "H": H, "W": WORLD, "FP8": "e4m3fn"},
     "add_rmsnorm": {"T": "bf16", "H": H, "FP8": "e4m3fn"},
     "allreduce_ll": {"T": "bf16", "W": WORLD},
-    "allreduce_1stage": {"T": "bf16", "W": WORLD},
+    # every sm_90 variant at this world (dispatch.ar_kernel picks U and B by size)
+    "allreduce_1stage": [{"T": "bf16", "W": WORLD, "U": U, "B": B}
+                         for U in (1, 2, 4) for B in (256, 512, 1024)],
 }
 
 
@@ -45,7 +47,8 @@ def write_ops_manifest(root) -> tuple[str, dict[str, list[int]]]:
     d = root / "sm_90"
     d.mkdir(parents=True, exist_ok=True)
     kernels, sizes = {}, {}
-    for op, cx in GPU_OPS.items():
+    for op, cx in [(op, cx) for op, cxs in GPU_OPS.items()
+                   for cx in (cxs if isinstance(cxs, list) else [cxs])]:
         k = ops[op].kernel
         traced = k.trace(**cx)
         name = k.instance_name(**cx)
@@ -234,6 +237,13 @@ def test_gpu_prepared_all_reduce_ll_and_one_stage(gpu, monkeypatch):
     assert (f["inp"], f["out"], f["n_packs"]) == (gpu.tables.base, one.result.data_ptr(), 256)
     # the staged input went into the pool, where the table's row 0 points
     assert same(gpu._pool[:x.numel() * 2].view(BF16).view(x.shape), x)
+    # the same variant (dispatch.ar_kernel's U and B) and tag code as the plain call
+    prepared = gpu.fake.launches[-1]
+    gpu.all_reduce(x)
+    plain = gpu.fake.launches[-1]
+    assert prepared["symbol"] == plain["symbol"] and (prepared["grid"] == plain["grid"])
+    tag = launched_fields(gpu, plain)["call"]
+    assert tag == tag_of(gpu._seq, (f["call"] ^ ((gpu._seq - 1) * SEQ_MULT)) & layout.TAG_MASK)
 
 
 def test_gpu_prepare_refuses_a_tensor_on_another_device_before_the_exchange(gpu):

@@ -262,13 +262,20 @@ def prepare_all_reduce(comm: Any, x: torch.Tensor, out: torch.Tensor | None = No
     else:
         inp = b.registered(x, stage_input)
         op = entry if stage_input else in_place_op(comm, entry)
+        # the variant the plain call launches (dispatch.ar_kernel), so the tags agree too
         if path == "1stage":
-            name, grid = "allreduce_1stage", comm._grid(packs)
+            variant, per_block = dispatch.ar_kernel(comm.arch, path, comm.world, packs,
+                                                    comm.max_grid)
+            cx.update(variant)
+            name, grid = "allreduce_1stage", comm._grid(packs, per_block)
             args = {"inp": inp, "out": out_v, "sig": comm.signal_peers, "rank": comm.rank,
                     "n_packs": packs}
         else:
             shard = packs // comm.world
-            name, grid = "allreduce_2stage", comm._grid(shard)
+            variant, per_block = dispatch.ar_kernel(comm.arch, path, comm.world, shard,
+                                                    comm.max_grid)
+            cx.update(variant)
+            name, grid = "allreduce_2stage", comm._grid(shard, per_block)
             args = {"inp": inp, "staging": comm.staging_peers, "out": out_v,
                     "sig": comm.signal_peers, "rank": comm.rank, "shard_packs": shard}
     key = call_key(op, (x,), {}, name, cx, comm.world)
