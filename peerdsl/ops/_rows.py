@@ -38,12 +38,14 @@ INF = float("inf")
 FP8_MAX_BYTE = {"e4m3fn": 0x7E, "e4m3fnuz": 0x7F}  # the byte of +FP8_MAX
 
 
-def hidden_rule_error(hidden: Any) -> str | None:
-    """Why `hidden` cannot be served by any kernel (None when it can)."""
+def hidden_rule_error(hidden: Any, entry: str = "") -> str | None:
+    """Why `hidden` cannot be served by any kernel (None when it can); `entry` names the
+    caller in the message."""
     if (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden % PACK
             or not HIDDEN_MIN <= hidden <= HIDDEN_MAX):
-        return (f"hidden size {hidden!r} is not supported: it must be a multiple of {PACK} "
-                f"in [{HIDDEN_MIN}, {HIDDEN_MAX}] (whole 16-byte packs of bf16/fp16)")
+        return (f"hidden size {hidden!r} is not supported{' for ' + entry if entry else ''}: "
+                f"it must be a multiple of {PACK} in [{HIDDEN_MIN}, {HIDDEN_MAX}] (whole "
+                "16-byte packs of bf16/fp16)")
     return None
 
 

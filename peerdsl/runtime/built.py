@@ -122,7 +122,7 @@ class Built:
     def check_hidden(self, hidden: int, entry: str) -> None:
         """`hidden` is a multiple of 8 in [256, 16384] and every kernel `entry` may launch
         has a variant for it (specialized for it, or a runtime-H one that covers it)."""
-        why = hidden_rule_error(hidden)
+        why = hidden_rule_error(hidden, entry)
         if why is not None:
             raise ValueError(why)
         built = self.hidden(entry)

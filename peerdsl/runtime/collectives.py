@@ -97,7 +97,7 @@ def check_hidden(hidden: int, built: Built | None = None,
     if built is not None:
         built.check_hidden(hidden, entry)
     else:
-        why = hidden_rule_error(hidden)
+        why = hidden_rule_error(hidden, entry)
         if why is not None:
             raise ValueError(f"{why}; specialized sizes: {SUPPORTED_HIDDEN}")
 
