@@ -250,3 +250,20 @@ def test_unsupported_hidden_sizes_are_refused_before_any_launch():
 
     for errors, launched in peerdsl.sim.run(2, body):
         assert errors == [250] * 4 + [16392] * 4 and launched == []
+
+
+def test_runtime_h_kernel_resources_on_gfx1250_match_the_specialized_one():
+    """No scratch or spills, `hidden` a plain i32 argument, and VGPRs near the specialized
+    kernel at the bound (benchmarks/runtime_h_resources.py tabulates every variant)."""
+    import peerdsl
+    from peerdsl.ops.registry import load_all
+    ops = load_all()
+    cx = {"T": "bf16", "W": 4, "FP8": "e4m3fn"}
+    spec = peerdsl.compile(ops["fused_ar_rms_1stage"].kernel, "gfx1250", H=8192, **cx)
+    rt = peerdsl.compile(ops["fused_ar_rms_1stage_runtime_h"].kernel, "gfx1250", MAXH=8192, **cx)
+    assert [(a["type"], a["role"]) for a in rt.args if a["name"] == "hidden"] == [("i32", "scalar")]
+    assert {a["name"] for a in rt.args} - {a["name"] for a in spec.args} == {"hidden"}
+    for c in (spec, rt):
+        r = c.resources
+        assert r["scratch_bytes"] == 0 and r["vgpr_spill"] == 0 and r["sgpr_spill"] == 0
+    assert rt.resources["vgpr"] <= spec.resources["vgpr"] + 8
