@@ -170,7 +170,7 @@ def test_bad_inputs_raise_before_launch():
             lambda: comm.fused_allreduce_rmsnorm(x.float(), res, w),
             lambda: comm.fused_allreduce_rmsnorm(x, res[:2], w),
             lambda: comm.fused_allreduce_rmsnorm(x, res, w[:100]),
-            lambda: comm.fused_allreduce_rmsnorm(x[:, :6000].contiguous(), res[:, :6000], w[:6000]),
+            lambda: comm.fused_allreduce_rmsnorm(x[:, :6004].contiguous(), res[:, :6004], w[:6004]),
             lambda: comm.fused_allreduce_rmsnorm(x, res.t().contiguous().t(), w),
             lambda: comm.add_rmsnorm(x, res, w, bf16_mirror=True),
         ):
@@ -183,7 +183,7 @@ def test_bad_inputs_raise_before_launch():
     errors = peerdsl.sim.run(2, body)[0]
     assert len(errors) == 6
     assert "float32" in errors[0] and "(2, 6144)" in errors[1] and "(100,)" in errors[2]
-    assert "6000" in errors[3] and "contiguous" in errors[4] and "fp8_out" in errors[5]
+    assert "6004" in errors[3] and "contiguous" in errors[4] and "fp8_out" in errors[5]
 
 
 @pytest.mark.parametrize("target,fmt", [("gfx942", "e4m3fnuz"), ("gfx950", "e4m3fn"),

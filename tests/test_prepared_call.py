@@ -74,6 +74,25 @@ def test_prepared_fused_is_exact_under_skew_and_equals_the_plain_call(monkeypatc
         assert rep == [path, launches] + [1, True, True] * 3, rep
 
 
+@pytest.mark.parametrize("path", ["fused_1stage", "ll+rmsnorm"])
+@pytest.mark.parametrize("fp8_out", [False, True])
+def test_prepared_call_at_a_runtime_hidden_size(monkeypatch, path, fp8_out):
+    """H = 5120 has no specialized kernel: the prepared call launches the runtime-H variants
+    the plain call picks (fused or add + RMSNorm, and the FP8 quant), with the same bytes."""
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", path)
+    rows, hidden = 3, 5120
+
+    def body(comm):
+        x, residual, weight = inputs(1, comm.rank, rows, hidden)
+        prep = comm.prepare_fused_allreduce_rmsnorm(x, residual, weight, fp8_out=fp8_out)
+        got = [None if t is None else t.clone() for t in prep()]
+        plain = comm.fused_allreduce_rmsnorm(x, residual, weight, fp8_out=fp8_out)
+        return prep.path, [a is None and b is None or same(a, b) for a, b in zip(got, plain)]
+
+    for rep in peerdsl.sim.run(2, body, seed=5, skew=skew):
+        assert rep[0] == path and all(rep[1]), rep
+
+
 def test_prepared_calls_of_several_sizes_interleave_with_plain_calls(monkeypatch):
     """Prepared objects of different sizes, paths and options (fp8, gemma, staged input, an
     all-reduce) called in an irregular order with plain calls of other sizes in between."""

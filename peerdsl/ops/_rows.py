@@ -5,6 +5,13 @@ share these helpers *and* the thread mapping: thread t of a block of NORM_BLOCK 
 owns the 16-byte packs t, t + BLOCK, t + 2 BLOCK, ... of the row, and every sum of squares
 goes through dsl.block_sum in that order.
 
+The hidden size H every helper takes is either a Python int (the specialized kernels'
+constexpr H: row loops unroll to exactly the packs the row has) or a `RuntimeHidden` (the
+runtime-H kernels: a traced `hidden` and a constexpr bound; each thread has the slots of the
+bound, and a slot past the row is masked at run time). A masked slot holds exact zeros, so
+it adds +0 to a thread's sum of squares (which is never -0) and nothing to its max: the
+reduction order is that of the specialized kernel, and so are the bytes.
+
 Non-finite rows follow torch's unfused steps (tests/reference.py): NaN and inf propagate as
 there, and FP8 bytes and scales of such rows are torch's byte for byte. Rows whose f32 sum of
 squares overflows are recomputed with power-of-two scaling. Both are block-uniform branches
@@ -12,7 +19,7 @@ taken only by such rows, so every other row keeps its code, registers and bytes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from .. import dsl
 from ..dsl.lib import FP8_NAN, i8_const
@@ -21,23 +28,69 @@ PACK = 8             # elements of a 16-byte bf16/f16 pack
 FLAG_GEMMA = 1       # runtime flags of the norm kernels
 FLAG_FP8 = 2
 FLAG_MIRROR = 4
-SUPPORTED_HIDDEN = (2880, 4096, 6144, 7168, 8192)
+SUPPORTED_HIDDEN = (2880, 4096, 6144, 7168, 8192)   # the specialized (constexpr H) sizes
 NORM_BLOCK = 256
+HIDDEN_MIN, HIDDEN_MAX = 256, 16384   # what the runtime-H kernels serve (multiples of PACK)
+# the runtime-H classes: bounds of 1, 2, 4 and 8 packs per thread; a size H runs on the
+# smallest bound >= H, so at most half a thread's slots (only its last) are masked
+RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 4, 8))
 INF = float("inf")
 FP8_MAX_BYTE = {"e4m3fn": 0x7E, "e4m3fnuz": 0x7F}  # the byte of +FP8_MAX
 
 
-def row_geometry(H: int) -> tuple[int, int]:
-    """(packs per row, packs per thread)."""
+def hidden_rule_error(hidden: Any, entry: str = "") -> str | None:
+    """Why `hidden` cannot be served by any kernel (None when it can); `entry` names the
+    caller in the message."""
+    if (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden % PACK
+            or not HIDDEN_MIN <= hidden <= HIDDEN_MAX):
+        return (f"hidden size {hidden!r} is not supported{' for ' + entry if entry else ''}: "
+                f"it must be a multiple of {PACK} in [{HIDDEN_MIN}, {HIDDEN_MAX}] (whole "
+                "16-byte packs of bf16/fp16)")
+    return None
+
+
+def runtime_class(hidden: int, classes: "tuple[int, ...]" = RUNTIME_MAXH) -> int | None:
+    """The smallest runtime-H bound (MAXH) of `classes` that covers `hidden`, else None."""
+    return min((c for c in classes if c >= hidden), default=None)
+
+
+class RuntimeHidden:
+    """The hidden size of a runtime-H kernel: `hidden`, a traced i32 (a multiple of PACK in
+    [1, max_hidden], which the host checks), and `max_hidden`, the constexpr bound that fixes
+    how many pack slots each thread has."""
+
+    def __init__(self, hidden: Any, max_hidden: int):
+        if max_hidden % (PACK * NORM_BLOCK):
+            raise ValueError(f"MAXH={max_hidden} must be a multiple of {PACK * NORM_BLOCK}")
+        self.hidden = hidden
+        self.packs = hidden >> 3          # PACK elements per pack, hidden > 0
+        self.per_thread = max_hidden // (PACK * NORM_BLOCK)
+
+
+Hidden = Union[int, RuntimeHidden]   # what the row helpers take as H
+
+
+def row_geometry(H: Hidden) -> tuple[Any, int]:
+    """(packs per row, packs per thread): packs is traced for a RuntimeHidden."""
+    if isinstance(H, RuntimeHidden):
+        return H.packs, H.per_thread
     packs = H // PACK
     return packs, (packs + NORM_BLOCK - 1) // NORM_BLOCK
 
 
-def pack_valid(H: int, k: int) -> Any:
+def hidden_f32(H: Hidden) -> Any:
+    """H as the f32 divisor of the mean of squares (exact: H <= 2^24 either way)."""
+    if isinstance(H, RuntimeHidden):
+        return H.hidden.to_f32()
+    return float(H)
+
+
+def pack_valid(H: Hidden, k: int) -> Any:
     """Whether this thread's k-th pack lies inside the row (a Python True when always)."""
     packs, _ = row_geometry(H)
-    if packs % NORM_BLOCK == 0:
-        return True
+    if not isinstance(H, RuntimeHidden):
+        if packs % NORM_BLOCK == 0:
+            return True
     return dsl.thread_id() + k * NORM_BLOCK < packs
 
 
@@ -45,7 +98,7 @@ def pack_index(k: int) -> Any:
     return dsl.thread_id() + k * NORM_BLOCK
 
 
-def load_row_packs(base: Any, row: Any, H: int, T: Any) -> list:
+def load_row_packs(base: Any, row: Any, H: Hidden, T: Any) -> list:
     """This thread's packs of row `row` as f32 lists (zeros past the end of the row)."""
     packs, per_thread = row_geometry(H)
     vec = base.cast(dsl.vec16(T))
@@ -58,7 +111,7 @@ def load_row_packs(base: Any, row: Any, H: int, T: Any) -> list:
     return out
 
 
-def quant_row_fp8(out_f32: "list | Callable[[int], list]", row: Any, H: int, q: Any,
+def quant_row_fp8(out_f32: "list | Callable[[int], list]", row: Any, H: Hidden, q: Any,
                   scale: Any, fmt: str) -> None:
     """Per-token FP8 of one row (SPEC 2.4): out_f32 holds f32 of the T-rounded outputs, as a
     list of this thread's packs or as `out_f32(k)` giving pack k (called once for the amax
@@ -100,7 +153,7 @@ def _byte(b: int) -> Any:
     return dsl.as_scalar(i8_const(b), dsl.i8)
 
 
-def _fix_nonfinite_row(row: Any, H: int, qvec: Any, scale: Any, s: Any, fmt: str) -> None:
+def _fix_nonfinite_row(row: Any, H: Hidden, qvec: Any, scale: Any, s: Any, fmt: str) -> None:
     """Rewrite a row holding a NaN or an inf to what torch's unfused steps give
     (tests/reference.py `quant_fp8_ref`), byte for byte. The common path has written
     0 for zeros and to_fp8(v * inv) otherwise, with inv = rcp(s):
@@ -136,7 +189,7 @@ def sum_squares(s: list) -> Any:
     return acc
 
 
-def overflow_safe_inv(s: list, H: int, eps: Any) -> Any:
+def overflow_safe_inv(s: list, H: Hidden, eps: Any) -> Any:
     """rsqrt(mean(s^2) + eps) for a row whose f32 sum of squares overflowed, by power-of-two
     scaling: p = 2^(127 - e) for the row's largest |s_j| = m with biased exponent e brings m
     into [1, 2) ([2, 4) in the top binade, where p = 2^-126), so no square overflows.
@@ -155,7 +208,7 @@ def overflow_safe_inv(s: list, H: int, eps: Any) -> Any:
     e = (m.bitcast(dsl.i32) >> 23) & 0xFF
     p = (dsl.maximum(254 - e, 1) << 23).bitcast(dsl.f32)
     total = dsl.block_sum(sum_squares([[v * p for v in pack] for pack in s]))
-    return dsl.rsqrt(total / float(H) + (eps * p) * p) * p
+    return dsl.rsqrt(total / hidden_f32(H) + (eps * p) * p) * p
 
 
 def normed_pack(s_k: list, weight: Any, k: int, T: Any, inv: Any, gemma: Any) -> list:
@@ -164,7 +217,7 @@ def normed_pack(s_k: list, weight: Any, k: int, T: Any, inv: Any, gemma: Any) ->
     return [(v * inv) * dsl.select(gemma, wj + 1.0, wj) for v, wj in zip(s_k, w)]
 
 
-def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, flags: Any,
+def rmsnorm_epilogue(s: list, row: Any, H: Hidden, T: Any, weight: Any, eps: Any, flags: Any,
                      out: Any, q: Any, scale: Any, fmt: str) -> None:
     """Given s = f32(ar) + f32(residual) for this thread's packs, write out (and FP8).
 
@@ -173,7 +226,7 @@ def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, f
     registers at a time."""
     packs, per_thread = row_geometry(H)
     total = dsl.block_sum(sum_squares(s))
-    inv = dsl.rsqrt(total / float(H) + eps)
+    inv = dsl.rsqrt(total / hidden_f32(H) + eps)
     # Block-uniform (the sum has the same bits on every thread), so the barriers inside are
     # reached by all threads or none. Finite squares overflowed, or the row holds an inf;
     # a NaN makes the sum NaN and the outputs NaN on the common path, as torch's.
@@ -193,7 +246,7 @@ def rmsnorm_epilogue(s: list, row: Any, H: int, T: Any, weight: Any, eps: Any, f
                       row, H, q, scale, fmt)
 
 
-def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: int, T: Any, residual: Any,
+def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: Any, residual: Any,
                       residual_out: Any, weight: Any, eps: Any, flags: Any, out: Any, q: Any,
                       scale: Any, fmt: str) -> None:
     """Given `ar_pack(k)`, which reads this thread's k-th all-reduced pack of the row (f32 of
@@ -217,7 +270,7 @@ def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: int, T: Any, 
     rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt)
 
 
-def row_pack_reader(base: Any, row: Any, H: int, T: Any) -> Callable[[int], list]:
+def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], list]:
     """`ar_pack` for residual_norm_row: this thread's k-th pack of row `row` of `base`."""
     packs, _ = row_geometry(H)
     vec = base_packs(base, T)

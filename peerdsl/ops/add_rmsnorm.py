@@ -2,20 +2,38 @@
 
 One block per row (grid-stride over rows). SPEC 2.2: s = f32(x) + f32(residual),
 residual_out = T(s), out = T((s * rsqrt(mean(s^2) + eps)) * w).
+
+Two kernels, one body: `add_rmsnorm` is specialized for a constexpr H (the common sizes,
+SUPPORTED_HIDDEN); `add_rmsnorm_runtime_h` takes `hidden` at run time, up to its constexpr
+bound MAXH (ops/_rows.py RuntimeHidden), and gives the same bytes at the same H.
 """
 from .. import dsl
 from ..dsl import Ptr, constexpr
-from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, residual_norm_row, row_pack_reader
+from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
+                    residual_norm_row, row_pack_reader)
 from .registry import register
+
+
+def norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8):
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        residual_norm_row(row_pack_reader(x, row, H, T), row, H, T, residual, residual_out,
+                          weight, eps, flags, out, q, scale, FP8)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
 def add_rmsnorm(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                 residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
                 eps: dsl.f32, flags: dsl.i32, T: constexpr, H: constexpr, FP8: constexpr):
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        residual_norm_row(row_pack_reader(x, row, H, T), row, H, T, residual, residual_out,
-                          weight, eps, flags, out, q, scale, FP8)
+    norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8)
+
+
+@dsl.kernel(block_size=NORM_BLOCK)
+def add_rmsnorm_runtime_h(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
+                          residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
+                          rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32, flags: dsl.i32,
+                          T: constexpr, MAXH: constexpr, FP8: constexpr):
+    norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T,
+              RuntimeHidden(hidden, MAXH), FP8)
 
 
 def variants(target):
@@ -23,4 +41,10 @@ def variants(target):
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
 
 
+def runtime_h_variants(target):
+    return [{"T": T, "MAXH": M, "FP8": target.fp8_format}
+            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
+
+
 register("add_rmsnorm", add_rmsnorm, variants)
+register("add_rmsnorm_runtime_h", add_rmsnorm_runtime_h, runtime_h_variants)

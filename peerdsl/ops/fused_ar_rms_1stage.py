@@ -4,11 +4,15 @@ Between a start and an end barrier, block b takes rows b, b + G, ...; each threa
 packs of the row directly from every rank's registered input, sums them in rank order,
 rounds to T (the all-reduce result the unfused path would hold), then runs the same epilogue
 as the add + RMSNorm kernel with the same thread mapping, so the bytes are identical.
+
+`fused_ar_rms_1stage` is specialized for a constexpr H; `fused_ar_rms_1stage_runtime_h`
+takes `hidden` at run time up to its constexpr bound MAXH (the same body and bytes).
 """
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, pack_index, residual_norm_row, row_geometry
+from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, pack_index,
+                    residual_norm_row, row_geometry)
 from .registry import register
 
 
@@ -22,13 +26,8 @@ def reduced_pack(inp, row, H, T, W, k):
     return [a.to(T).to_f32() for a in acc]
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
-def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
-                        residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
-                        sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
-                        flags: dsl.i32, call: dsl.CallId, T: constexpr, H: constexpr,
-                        W: constexpr, FP8: constexpr):
-    signal = dsl.Signal(sig, rank, W, call=call)
+def one_stage(signal, inp, residual, weight, out, residual_out, q, scale, rows, eps, flags,
+              T, H, W, FP8):
     signal.start()
     for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
         # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
@@ -37,9 +36,36 @@ def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Pt
     signal.end()
 
 
+@dsl.kernel(block_size=NORM_BLOCK)
+def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
+                        residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
+                        sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
+                        flags: dsl.i32, call: dsl.CallId, T: constexpr, H: constexpr,
+                        W: constexpr, FP8: constexpr):
+    one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
+              scale, rows, eps, flags, T, H, W, FP8)
+
+
+@dsl.kernel(block_size=NORM_BLOCK)
+def fused_ar_rms_1stage_runtime_h(inp: RegisteredPtrs["T"], residual: Ptr["T"],
+                                  weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
+                                  q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
+                                  rank: dsl.i32, rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32,
+                                  flags: dsl.i32, call: dsl.CallId, T: constexpr,
+                                  MAXH: constexpr, W: constexpr, FP8: constexpr):
+    one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
+              scale, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W, FP8)
+
+
 def variants(target):
     return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS]
 
 
+def runtime_h_variants(target):
+    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format}
+            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
+
+
 register("fused_ar_rms_1stage", fused_ar_rms_1stage, variants)
+register("fused_ar_rms_1stage_runtime_h", fused_ar_rms_1stage_runtime_h, runtime_h_variants)

@@ -1,16 +1,29 @@
 """Per-token FP8 quantization (SPEC 2.4): the standalone kernel; the fused epilogue calls the
-same helper (`quant_row_fp8`)."""
+same helper (`quant_row_fp8`). `per_token_quant_fp8` is specialized for a constexpr H;
+`per_token_quant_fp8_runtime_h` takes `hidden` at run time up to MAXH (same bytes)."""
 from .. import dsl
 from ..dsl import Ptr, constexpr
-from ._rows import NORM_BLOCK, SUPPORTED_HIDDEN, load_row_packs, quant_row_fp8
+from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, load_row_packs,
+                    quant_row_fp8)
 from .registry import register
+
+
+def quant_rows(x, q, scale, rows, T, H, FP8):
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        quant_row_fp8(load_row_packs(x, row, H, T), row, H, q, scale, FP8)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
 def per_token_quant_fp8(x: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
                         T: constexpr, H: constexpr, FP8: constexpr):
-    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        quant_row_fp8(load_row_packs(x, row, H, T), row, H, q, scale, FP8)
+    quant_rows(x, q, scale, rows, T, H, FP8)
+
+
+@dsl.kernel(block_size=NORM_BLOCK)
+def per_token_quant_fp8_runtime_h(x: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
+                                  rows: dsl.i32, hidden: dsl.i32, T: constexpr,
+                                  MAXH: constexpr, FP8: constexpr):
+    quant_rows(x, q, scale, rows, T, RuntimeHidden(hidden, MAXH), FP8)
 
 
 def variants(target):
@@ -18,4 +31,10 @@ def variants(target):
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
 
 
+def runtime_h_variants(target):
+    return [{"T": T, "MAXH": M, "FP8": target.fp8_format}
+            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
+
+
 register("per_token_quant_fp8", per_token_quant_fp8, variants)
+register("per_token_quant_fp8_runtime_h", per_token_quant_fp8_runtime_h, runtime_h_variants)

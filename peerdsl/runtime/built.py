@@ -5,6 +5,13 @@ simulator the op registry's variants for the target do (what `peerdsl build` wou
 The world is checked when a communicator (or a simulator job) is made and the hidden size
 before any launch, so an unbuilt size fails at once, naming the sizes that are built and how
 to build others, instead of in the manifest lookup of the first launch.
+
+Hidden sizes: every row kernel has a specialized variant (constexpr H, built for the common
+sizes, ops/_rows.py SUPPORTED_HIDDEN) and a runtime-H one (`<op>_runtime_h`: the size is a
+kernel argument, `hidden`, up to its constexpr bound MAXH, ops/_rows.py RUNTIME_MAXH; the
+same bytes). A launch takes the specialized variant when it is built for H, else the
+runtime-H variant of the smallest bound >= H (`row_kernel`), so any multiple of 8 in
+[256, 16384] is served by a full build.
 """
 from __future__ import annotations
 
@@ -12,9 +19,15 @@ import dataclasses
 import functools
 from typing import Any, Mapping
 
+from ..ops._rows import HIDDEN_MAX, HIDDEN_MIN, hidden_rule_error, runtime_class
+
+# the row kernels' runtime-H variants (op -> its runtime-H op)
+RUNTIME_H_OPS = {op: f"{op}_runtime_h" for op in (
+    "add_rmsnorm", "per_token_quant_fp8", "fused_ar_rms_1stage", "fused_ar_rms_2stage")}
 # the kernels behind the collective methods of runtime/collectives.py (W constexpr)
 COLLECTIVE_OPS = ("allreduce_ll", "allreduce_1stage", "allreduce_2stage", "allgather",
-                  "null_collective", "fused_ar_rms_1stage", "fused_ar_rms_2stage")
+                  "null_collective", "fused_ar_rms_1stage", "fused_ar_rms_2stage",
+                  "fused_ar_rms_1stage_runtime_h", "fused_ar_rms_2stage_runtime_h")
 # the kernels an entry point may launch for a hidden size H (every path it can take)
 HIDDEN_OPS = {
     "add_rmsnorm": ("add_rmsnorm",),
@@ -23,6 +36,22 @@ HIDDEN_OPS = {
 }
 WORLDS_SOURCE = "peerdsl/ops/_collective.py WORLDS"
 HIDDEN_SOURCE = "peerdsl/ops/_rows.py SUPPORTED_HIDDEN"
+RUNTIME_SOURCE = "peerdsl/ops/_rows.py RUNTIME_MAXH"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowKernel:
+    """The variant a row op launches for a hidden size: `name` with the size constexpr
+    `size_key` = `size` ("H" = hidden, or the runtime-H bound "MAXH"), plus `args` (the
+    runtime-H kernels' `hidden`; empty for specialized ones)."""
+    name: str
+    size_key: str
+    size: int
+    args: Mapping[str, int]
+
+    @property
+    def runtime_h(self) -> bool:
+        return self.size_key == "MAXH"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +60,9 @@ class Built:
     source: str                                   # where the facts come from (messages)
     variants: Mapping[str, tuple[Mapping[str, Any], ...]]  # op -> constexprs of each variant
     build_hint: str                               # how to build more
+    # row_kernel's answers (per op, hidden size, forced): the launch path asks every call
+    _row_kernels: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
 
     def values(self, op: str, key: str) -> tuple[int, ...]:
         return tuple(sorted({int(c[key]) for c in self.variants.get(op, ()) if key in c}))
@@ -41,9 +73,39 @@ class Built:
         return tuple(sorted(set.intersection(*sets))) if sets else ()
 
     def hidden(self, entry: str) -> tuple[int, ...]:
-        """Hidden sizes every kernel that `entry` may launch was built for."""
+        """Hidden sizes every kernel that `entry` may launch has a specialized variant for."""
         sets = [set(self.values(op, "H")) for op in HIDDEN_OPS[entry]]
         return tuple(sorted(set.intersection(*sets)))
+
+    def runtime_hidden_max(self, entry: str) -> int:
+        """The largest hidden size every kernel that `entry` may launch has a runtime-H
+        variant for (0 if one of them has none)."""
+        return min(max(self.values(RUNTIME_H_OPS[op], "MAXH"), default=0)
+                   for op in HIDDEN_OPS[entry])
+
+    def row_kernel(self, op: str, hidden: int, force_runtime_h: bool = False) -> RowKernel:
+        """What row op `op` launches for `hidden`: its specialized variant when built for
+        it (unless `force_runtime_h`), else its runtime-H variant of the smallest bound that
+        covers it. Same answer on every rank of one build, so every rank launches the same
+        kernel. Raises ValueError when neither is built."""
+        key = (op, hidden, force_runtime_h)
+        hit = self._row_kernels.get(key)
+        if hit is None:
+            hit = self._row_kernels[key] = self._choose_row_kernel(op, hidden, force_runtime_h)
+        return hit
+
+    def _choose_row_kernel(self, op: str, hidden: int, force_runtime_h: bool) -> RowKernel:
+        if not force_runtime_h and hidden in self.values(op, "H"):
+            return RowKernel(op, "H", hidden, {})
+        rt = RUNTIME_H_OPS[op]
+        bound = runtime_class(hidden, self.values(rt, "MAXH"))
+        if bound is not None and hidden_rule_error(hidden) is None:
+            return RowKernel(rt, "MAXH", bound, {"hidden": hidden})
+        why = (f"no runtime-H variant ({rt}) with MAXH >= {hidden} is built"
+               + (" and the specialized one was not asked for" if force_runtime_h else
+                  f", nor {op} for H={hidden}"))
+        raise ValueError(f"hidden size {hidden} is not built for {op} on {self.arch}: {why} "
+                         f"({self.source}); {self.build_hint}")
 
     def check_world(self, world: int) -> None:
         if world == 1:  # every call takes a local path: no collective kernel
@@ -58,12 +120,22 @@ class Built:
                 f"Use one of those, or add {world} to {WORLDS_SOURCE} and {self.build_hint}")
 
     def check_hidden(self, hidden: int, entry: str) -> None:
+        """`hidden` is a multiple of 8 in [256, 16384] and every kernel `entry` may launch
+        has a variant for it (specialized for it, or a runtime-H one that covers it)."""
+        why = hidden_rule_error(hidden, entry)
+        if why is not None:
+            raise ValueError(why)
         built = self.hidden(entry)
-        if hidden not in built:
-            raise ValueError(
-                f"hidden size {hidden} is not built for {entry} on {self.arch}: built hidden "
-                f"sizes {list(built)} ({self.source}). Use one of those, or add {hidden} to "
-                f"{HIDDEN_SOURCE} and {self.build_hint}")
+        if hidden in built or hidden <= self.runtime_hidden_max(entry):
+            return
+        top = self.runtime_hidden_max(entry)
+        runtime = (f"runtime-H variants up to {top}" if top else "no runtime-H variants")
+        raise ValueError(
+            f"hidden size {hidden} is not built for {entry} on {self.arch}: specialized hidden "
+            f"sizes {list(built)} and {runtime} ({self.source}). Use one of those, or "
+            f"{self.build_hint} (a full build serves every multiple of 8 in "
+            f"[{HIDDEN_MIN}, {HIDDEN_MAX}]: {RUNTIME_SOURCE}); to specialize {hidden}, add it "
+            f"to {HIDDEN_SOURCE}")
 
 
 def from_manifest(manifest: Any, build_dir: str = "build") -> Built:
@@ -84,7 +156,7 @@ def from_registry(target: str) -> Built:
     from ..lowering.targets import get_target  # pure data: no MLIR
     from ..ops.registry import load_all
     t = get_target(target)
-    wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values())
+    wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values(), RUNTIME_H_OPS.values())
     variants = {name: tuple(spec.variants(t)) for name, spec in load_all().items()
                 if name in wanted}
     return Built(target, "simulator: the op registry's variants", variants,

@@ -9,14 +9,15 @@ a launch: sizes are equal on every rank by contract, so every rank skips the sam
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
 
 from .. import layout
-from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN
+from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN, hidden_rule_error
 from . import dispatch
-from .built import Built, from_registry
+from .built import Built, RowKernel, from_registry
 from .callid import CallIdentity, collective_call, local_call
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -90,12 +91,15 @@ def check_tensor(name: str, t: Any, dtype: torch.dtype | None = None,
 
 def check_hidden(hidden: int, built: Built | None = None,
                  entry: str = "add_rmsnorm") -> None:
-    """An unbuilt hidden size is an error naming the built ones (from `built`, else the
-    sizes the ops are specialized for)."""
+    """A hidden size that is not a multiple of 8 in [256, 16384], or that no built kernel
+    serves, is an error naming the rule or the built sizes (from `built`, else the op
+    registry's: the specialized sizes, SUPPORTED_HIDDEN, and the runtime-H bounds)."""
     if built is not None:
         built.check_hidden(hidden, entry)
-    elif hidden not in SUPPORTED_HIDDEN:
-        raise ValueError(f"hidden size {hidden} is not built; supported: {SUPPORTED_HIDDEN}")
+    else:
+        why = hidden_rule_error(hidden, entry)
+        if why is not None:
+            raise ValueError(f"{why}; specialized sizes: {SUPPORTED_HIDDEN}")
 
 
 def _empty(x: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -135,6 +139,17 @@ class Collectives(CallIdentity):
     def _hidden_built(self) -> set[tuple[int, str]]:
         """(hidden, entry) pairs `check_hidden` passed: `built` never changes."""
         return set()
+
+    @functools.cached_property
+    def force_runtime_h(self) -> bool:
+        """Launch the row kernels' runtime-H variants even where a specialized one is built
+        (benchmarks and tests compare the two): PEERDSL_FORCE_RUNTIME_H=1, read once per
+        communicator, or set this attribute."""
+        return os.environ.get("PEERDSL_FORCE_RUNTIME_H", "0") not in ("", "0")
+
+    def _row_kernel(self, op: str, hidden: int) -> RowKernel:
+        """The variant of row op `op` for `hidden` (built.py Built.row_kernel)."""
+        return self.built.row_kernel(op, hidden, self.force_runtime_h)
 
     # ------------------------------------------------------------------ the meta buffer
     # (fixed once the communicator is set up: computed on first use, not on every call)
@@ -302,11 +317,12 @@ class Collectives(CallIdentity):
     def _add_rmsnorm(self, x, residual, weight, eps, flags, rows, hidden, T) -> NormResult:
         """add + RMSNorm of inputs checked already (by add_rmsnorm or the fused entry)."""
         bufs = self._norm_outputs(rows, hidden, x.dtype, flags)
-        self._launch("add_rmsnorm", {"T": T, "H": hidden, "FP8": self.fp8_format},
+        rk = self._row_kernel("add_rmsnorm", hidden)
+        self._launch(rk.name, {"T": T, rk.size_key: rk.size, "FP8": self.fp8_format},
                      self._local_grid(rows), dict(
                          x=self._dev(x.contiguous()), residual=self._dev(residual),
                          weight=self._dev(weight), rows=rows, eps=float(eps), flags=flags,
-                         **bufs), local=True)
+                         **bufs, **rk.args), local=True)
         return self._norm_result(bufs, rows, hidden, x.dtype, flags)
 
     @local_call
@@ -322,10 +338,11 @@ class Collectives(CallIdentity):
                     _empty(x, (0, 1), torch.float32))
         q = self._new((rows, hidden), torch.int8)
         scale = self._new((rows, 1), torch.float32)
-        self._launch("per_token_quant_fp8",
-                     {"T": DTYPES[x.dtype], "H": hidden, "FP8": self.fp8_format},
+        rk = self._row_kernel("per_token_quant_fp8", hidden)
+        self._launch(rk.name, {"T": DTYPES[x.dtype], rk.size_key: rk.size, "FP8": self.fp8_format},
                      self._local_grid(rows),
-                     {"x": self._dev(x), "q": q, "scale": scale, "rows": rows}, local=True)
+                     {"x": self._dev(x), "q": q, "scale": scale, "rows": rows, **rk.args},
+                     local=True)
         return (self._get(q, (rows, hidden), torch.int8).view(FP8_DTYPES[self.fp8_format]),
                 self._get(scale, (rows, 1), torch.float32))
 
@@ -359,14 +376,16 @@ class Collectives(CallIdentity):
         bufs = self._norm_outputs(rows, hidden, x.dtype, kflags)
         # residual and weight first: _dev may raise, and _stage writes the registered pool
         residual_dev, weight_dev = self._dev(residual), self._dev(weight)
+        # chosen before _stage writes the registered pool (it raises when nothing is built)
+        rk = self._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
         args = dict(inp=self._stage(x), residual=residual_dev, weight=weight_dev,
                     sig=self.signal_peers, rank=self.rank, rows=rows, eps=eps,
-                    flags=kflags, **bufs)
-        constexprs = {"T": T, "H": hidden, "W": self.world, "FP8": self.fp8_format}
+                    flags=kflags, **bufs, **rk.args)
+        constexprs = {"T": T, rk.size_key: rk.size, "W": self.world, "FP8": self.fp8_format}
         if path == "fused_2stage":
             args["staging"] = self.staging_peers
         grid = max(1, min(rows, self.max_grid, layout.MAX_BLOCKS))
-        self._launch(path.replace("fused_", "fused_ar_rms_"), constexprs, grid, args)
+        self._launch(rk.name, constexprs, grid, args)
         result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)
         if quant_after:
             q, scale = self.per_token_quant_fp8(result.out)

@@ -80,13 +80,15 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
     kflags = flags & ~(FLAG_FP8 | FLAG_MIRROR) if quant_after else flags
     residual_v, weight_v = b.tensor("residual", residual), b.tensor("weight", weight)
     vals, result = _outputs(comm, b.output, shape, x.dtype, kflags, out, residual_out)
-    norm_cx = {"T": T, "H": hidden, "FP8": comm.fp8_format}
+    # the row kernels' variants as the plain call picks them: specialized or runtime-H
+    norm = comm._row_kernel("add_rmsnorm", hidden)
+    norm_name, norm_cx = norm.name, {"T": T, norm.size_key: norm.size, "FP8": comm.fp8_format}
     norm_args = dict(residual=residual_v, weight=weight_v, rows=rows, eps=eps, flags=kflags)
     actions: list[tuple] = []
     if path == "local":
-        actions.append(("local", b.launch("add_rmsnorm", norm_cx, comm._local_grid(rows),
-                                          dict(x=b.tensor("x", x), **norm_args, **vals),
-                                          local=True)))
+        actions.append(("local", b.launch(norm_name, norm_cx, comm._local_grid(rows),
+                                          dict(x=b.tensor("x", x), **norm_args, **vals,
+                                               **norm.args), local=True)))
     elif path == "ll+rmsnorm":  # the LL kernel reads x here only: the plain call's tag
         packs = rows * hidden * x.element_size() // 16
         ar = b.scratch(shape, x.dtype)
@@ -97,14 +99,16 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
         actions.append(("collective", b.launch("allreduce_ll", cx, comm._grid(packs), ll_args),
                         call_key(ENTRY, call_args, kwargs, "allreduce_ll", cx, comm.world),
                         b.check("allreduce_ll")))
-        actions.append(("local", b.launch("add_rmsnorm", norm_cx, comm._local_grid(rows),
-                                          dict(x=ar, **norm_args, **vals), local=True)))
+        actions.append(("local", b.launch(norm_name, norm_cx, comm._local_grid(rows),
+                                          dict(x=ar, **norm_args, **vals, **norm.args),
+                                          local=True)))
     else:
-        name = path.replace("fused_", "fused_ar_rms_")
-        cx = {"T": T, "H": hidden, "W": comm.world, "FP8": comm.fp8_format}
+        rk = comm._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
+        name, cx = rk.name, {"T": T, rk.size_key: rk.size, "W": comm.world, "FP8": comm.fp8_format}
         inp = b.registered(x, stage_input)
         op = ENTRY if stage_input else in_place_op(comm, ENTRY)
-        fused_args = dict(inp=inp, sig=comm.signal_peers, rank=comm.rank, **norm_args, **vals)
+        fused_args = dict(inp=inp, sig=comm.signal_peers, rank=comm.rank, **norm_args, **vals,
+                          **rk.args)
         if path == "fused_2stage":
             fused_args["staging"] = comm.staging_peers
         grid = max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))
@@ -113,9 +117,12 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
         if quant_after:
             q_v, q_t = b.output(None, shape, torch.int8)
             s_v, s_t = b.output(None, (rows, 1), torch.float32)
+            quant = comm._row_kernel("per_token_quant_fp8", hidden)
             actions.append(("local", b.launch(
-                "per_token_quant_fp8", norm_cx, comm._local_grid(rows),
-                {"x": vals["out"], "q": q_v, "scale": s_v, "rows": rows}, local=True)))
+                quant.name, {"T": T, quant.size_key: quant.size, "FP8": comm.fp8_format},
+                comm._local_grid(rows),
+                {"x": vals["out"], "q": q_v, "scale": s_v, "rows": rows, **quant.args},
+                local=True)))
             result = NormResult(None, result.residual_out,
                                 q_t.view(FP8_DTYPES[comm.fp8_format]), s_t,
                                 result.out if flags & FLAG_MIRROR else None)

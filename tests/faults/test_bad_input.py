@@ -111,8 +111,8 @@ def test_every_check_runs_before_a_launch_or_a_pool_write(device_work):
             lambda: comm.fused_allreduce_rmsnorm(x, res, w.to("meta")),
             lambda: comm.fused_allreduce_rmsnorm(x, res, w, eps="tiny"),  # not a number
             lambda: comm.add_rmsnorm(x, res, w, eps=None),
-            lambda: comm.fused_allreduce_rmsnorm(x[:0, :1000], res[:0, :1000], w[:1000]),
-            lambda: comm.per_token_quant_fp8(torch.zeros(0, 1000, dtype=BF16)),
+            lambda: comm.fused_allreduce_rmsnorm(x[:0, :1004], res[:0, :1004], w[:1004]),
+            lambda: comm.per_token_quant_fp8(torch.zeros(0, 1004, dtype=BF16)),
         ):
             try:
                 call()
@@ -124,8 +124,8 @@ def test_every_check_runs_before_a_launch_or_a_pool_write(device_work):
     assert len(errors) == 6
     assert "residual is on meta" in errors[0] and "weight is on meta" in errors[1]
     assert "tiny" in errors[2]
-    # an empty input with an unbuilt hidden size is still an error, naming the built ones
-    assert "hidden size 1000" in errors[4] and "2880" in errors[4] and "8192" in errors[4]
+    # an empty input with an unsupported hidden size is still an error, naming the rule
+    assert "hidden size 1004" in errors[4] and "multiple of 8 in [256, 16384]" in errors[4]
     assert "per_token_quant_fp8" in errors[5]
     assert device_work == []
 
@@ -149,9 +149,10 @@ def test_simulator_plain_communicator_takes_any_world():
 def test_unbuilt_hidden_names_the_built_list_of_this_communicator(device_work):
     """The entry points check the communicator's own built list (on a GPU: its manifest)."""
     reg = from_registry("gfx1250")
-    only_4096 = Built("gfx1250", "manifest test/manifest.json",
+    only_4096 = Built("gfx1250", "manifest test/manifest.json",  # and no runtime-H kernels
                       {op: tuple(c for c in cs if c.get("H", 4096) == 4096)
-                       for op, cs in reg.variants.items()}, "rebuild it")
+                       for op, cs in reg.variants.items() if not op.endswith("_runtime_h")},
+                      "rebuild it")
     x, res, w = norm_inputs(2)
 
     def body(comm):
@@ -216,8 +217,9 @@ def test_gpu_communicator_world_check_reads_the_manifest(monkeypatch):
 
 def test_built_from_manifest_lists_hidden_sizes_per_entry_point():
     m = fake_manifest()
-    m.kernels = {k: e for k, e in m.kernels.items()
-                 if not (e.op == "add_rmsnorm" and e.constexprs["H"] == 7168)}
+    m.kernels = {k: e for k, e in m.kernels.items()  # nor any runtime-H add_rmsnorm
+                 if not (e.op == "add_rmsnorm" and e.constexprs["H"] == 7168)
+                 and e.op != "add_rmsnorm_runtime_h"}
     b = from_manifest(m)
     assert 7168 in b.hidden("per_token_quant_fp8")
     assert 7168 not in b.hidden("fused_allreduce_rmsnorm")  # its unfused paths need add_rmsnorm
