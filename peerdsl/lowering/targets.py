@@ -26,6 +26,12 @@ class Target:
     # completion after every access). Polls inside a `while` stay volatile: LLVM hoists an
     # av load out of a loop without stores. Verified on gfx1250 only.
     scoped_vector_av: bool = False
+    # Packs of a row the norm kernels read before storing any (ops/_rows.py
+    # residual_norm_row; 0: the whole row). 1 keeps gfx1250's VGPRs near the HIP reference;
+    # on the H200 one pack at a time cost 34% at TP2, 1024 rows (benchmarks/RESULTS.md), so
+    # sm_90 reads 4 packs (the whole row up to H = 8192) ahead: more than 4 of 8 spills at
+    # H = 16384 under its 128-register cap. A build variant (constexpr R), one per target.
+    row_reads_ahead: int = 1
 
     @property
     def is_amd(self) -> bool:
@@ -57,7 +63,8 @@ TARGETS: dict[str, Target] = {
     "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49, av=True),
     "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
-    "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1),
+    "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1,
+                    row_reads_ahead=4),
 }
 
 PRIMARY = "gfx1250"

@@ -211,20 +211,40 @@ def overflow_safe_inv(s: list, H: Hidden, eps: Any) -> Any:
     return dsl.rsqrt(total / hidden_f32(H) + (eps * p) * p) * p
 
 
-def normed_pack(s_k: list, weight: Any, k: int, T: Any, inv: Any, gemma: Any) -> list:
-    """(s * inv) * w for this thread's k-th pack (w + 1 with gemma), as f32."""
-    w = base_packs(weight, T)[pack_index(k)].to_f32()
+def normed_pack(s_k: list, weight: Any, k: int, T: Any, inv: Any, gemma: Any,
+                w: "list | None" = None) -> list:
+    """(s * inv) * w for this thread's k-th pack (w + 1 with gemma), as f32; `w` the weight
+    pack when it was read already, else it is read here."""
+    if w is None:
+        w = base_packs(weight, T)[pack_index(k)].to_f32()
     return [(v * inv) * dsl.select(gemma, wj + 1.0, wj) for v, wj in zip(s_k, w)]
 
 
+def weight_packs(weight: Any, H: Hidden, T: Any) -> list:
+    """This thread's weight packs of the row (f32; zeros past the row)."""
+    _, per_thread = row_geometry(H)
+    vec = base_packs(weight, T)
+    out = []
+    for k in range(per_thread):
+        w = [0.0] * PACK
+        if pack_valid(H, k):
+            w = vec[pack_index(k)].to_f32()
+        out.append(w)
+    return out
+
+
 def rmsnorm_epilogue(s: list, row: Any, H: Hidden, T: Any, weight: Any, eps: Any, flags: Any,
-                     out: Any, q: Any, scale: Any, fmt: str) -> None:
+                     out: Any, q: Any, scale: Any, fmt: str, ahead: int = 1) -> None:
     """Given s = f32(ar) + f32(residual) for this thread's packs, write out (and FP8).
 
-    Each output pack is computed from s and its weight pack when it is written (again for
-    the FP8 codes: the same operations give the same bits), so beside s only one pack is in
-    registers at a time."""
+    `ahead` as in residual_norm_row. When it covers the whole row the weight packs are
+    read before the block reduction, so their latency hides behind its barriers. Otherwise
+    each output pack is computed from s and its weight pack when it is written (again for
+    the FP8 codes: the same operations give the same bits), so beside s only one pack is
+    in registers at a time."""
     packs, per_thread = row_geometry(H)
+    whole_row = ahead == 0 or ahead >= per_thread
+    w = weight_packs(weight, H, T) if whole_row else [None] * per_thread
     total = dsl.block_sum(sum_squares(s))
     inv = dsl.rsqrt(total / hidden_f32(H) + eps)
     # Block-uniform (the sum has the same bits on every thread), so the barriers inside are
@@ -239,35 +259,46 @@ def rmsnorm_epilogue(s: list, row: Any, H: Hidden, T: Any, weight: Any, eps: Any
         for k in range(per_thread):
             if pack_valid(H, k):
                 vec[row * packs + pack_index(k)] = dsl.pack_rne(
-                    normed_pack(s[k], weight, k, T, inv, gemma), T)
+                    normed_pack(s[k], weight, k, T, inv, gemma, w[k]), T)
     if fp8:
         quant_row_fp8(lambda k: [v.to(T).to_f32() for v in normed_pack(s[k], weight, k, T, inv,
-                                                                      gemma)],
+                                                                      gemma, w[k])],
                       row, H, q, scale, fmt)
 
 
 def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: Any, residual: Any,
                       residual_out: Any, weight: Any, eps: Any, flags: Any, out: Any, q: Any,
-                      scale: Any, fmt: str) -> None:
+                      scale: Any, fmt: str, ahead: int = 1) -> None:
     """Given `ar_pack(k)`, which reads this thread's k-th all-reduced pack of the row (f32 of
     T values; called only for packs inside the row): add the residual, write residual_out,
     and run the RMSNorm epilogue. Every norm kernel ends a row here.
 
-    One pack at a time: pack k is read, added and stored before pack k + 1 is read, so only
-    one pack's inputs (W peers' packs in the fused kernels) are in registers at once. The
-    residual_out store may alias the inputs, which keeps the compiler from hoisting the
-    next pack's loads above it. Each value is the same as when all packs are read first."""
+    `ahead` (a kernel constexpr, per target: lowering/targets.py `row_reads_ahead`) is how
+    many packs are read before their residual_out stores: the store may alias the inputs,
+    so no compiler hoists a later pack's loads above it. 1 reads, adds and stores one pack
+    at a time (one pack's inputs, W peers' packs in the fused kernels, in registers at
+    once); k > 1 reads k packs at a time and 0 the whole row, so their loads are in flight
+    together (more registers, far less waiting where each block has few warps). The values,
+    and so the bytes, are the same either way."""
     packs, per_thread = row_geometry(H)
     res = base_packs(residual, T)
+    group = per_thread if ahead == 0 else ahead
     s = []
-    for k in range(per_thread):
-        vals = [0.0] * PACK
-        if pack_valid(H, k):
-            i = row * packs + pack_index(k)
-            vals = [a + b for a, b in zip(ar_pack(k), res[i].to_f32())]
-            residual_out.cast(dsl.vec16(T))[i] = dsl.pack_rne(vals, T)
-        s.append(vals)
-    rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt)
+    for first in range(0, per_thread, group):
+        ks = list(range(first, min(first + group, per_thread)))
+        read = []
+        for k in ks:
+            vals = [0.0] * PACK
+            if pack_valid(H, k):
+                i = row * packs + pack_index(k)
+                vals = [a + b for a, b in zip(ar_pack(k), res[i].to_f32())]
+            read.append(vals)
+        for k, vals in zip(ks, read):
+            if pack_valid(H, k):
+                residual_out.cast(dsl.vec16(T))[row * packs + pack_index(k)] = \
+                    dsl.pack_rne(vals, T)
+            s.append(vals)
+    rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt, ahead)
 
 
 def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], list]:

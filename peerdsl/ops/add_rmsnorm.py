@@ -14,35 +14,38 @@ from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
 from .registry import register
 
 
-def norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8):
+def norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8,
+              R=1):
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
         residual_norm_row(row_pack_reader(x, row, H, T), row, H, T, residual, residual_out,
-                          weight, eps, flags, out, q, scale, FP8)
+                          weight, eps, flags, out, q, scale, FP8, R)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
 def add_rmsnorm(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                 residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
-                eps: dsl.f32, flags: dsl.i32, T: constexpr, H: constexpr, FP8: constexpr):
-    norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8)
+                eps: dsl.f32, flags: dsl.i32, T: constexpr, H: constexpr, FP8: constexpr,
+                R: constexpr = 1):
+    # R: packs of a row read before any is stored (0: the whole row), per target
+    norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8, R)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
 def add_rmsnorm_runtime_h(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                           residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                           rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32, flags: dsl.i32,
-                          T: constexpr, MAXH: constexpr, FP8: constexpr):
+                          T: constexpr, MAXH: constexpr, FP8: constexpr, R: constexpr = 1):
     norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T,
-              RuntimeHidden(hidden, MAXH), FP8)
+              RuntimeHidden(hidden, MAXH), FP8, R)
 
 
 def variants(target):
-    return [{"T": T, "H": H, "FP8": target.fp8_format}
+    return [{"T": T, "H": H, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "FP8": target.fp8_format}
+    return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
 
 

@@ -27,12 +27,12 @@ def reduced_pack(inp, row, H, T, W, k):
 
 
 def one_stage(signal, inp, residual, weight, out, residual_out, q, scale, rows, eps, flags,
-              T, H, W, FP8):
+              T, H, W, FP8, R=1):
     signal.start()
     for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
         # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
         residual_norm_row(lambda k: reduced_pack(inp, row, H, T, W, k), row, H, T, residual,
-                          residual_out, weight, eps, flags, out, q, scale, FP8)
+                          residual_out, weight, eps, flags, out, q, scale, FP8, R)
     signal.end()
 
 
@@ -41,9 +41,10 @@ def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Pt
                         residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                         sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
                         flags: dsl.i32, call: dsl.CallId, T: constexpr, H: constexpr,
-                        W: constexpr, FP8: constexpr):
+                        W: constexpr, FP8: constexpr, R: constexpr = 1):
+    # R: packs of a row read before any is stored (0: the whole row), per target
     one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
-              scale, rows, eps, flags, T, H, W, FP8)
+              scale, rows, eps, flags, T, H, W, FP8, R)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -52,18 +53,19 @@ def fused_ar_rms_1stage_runtime_h(inp: RegisteredPtrs["T"], residual: Ptr["T"],
                                   q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                                   rank: dsl.i32, rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32,
                                   flags: dsl.i32, call: dsl.CallId, T: constexpr,
-                                  MAXH: constexpr, W: constexpr, FP8: constexpr):
+                                  MAXH: constexpr, W: constexpr, FP8: constexpr,
+                                  R: constexpr = 1):
     one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
-              scale, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W, FP8)
+              scale, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
 
 
 def variants(target):
-    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format}
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS]
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format}
+    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 

@@ -44,7 +44,7 @@ def gathered_pack(staging, row, H, T, W, k, source=None):
 
 
 def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scale, rank, rows,
-              eps, flags, T, H, W, FP8):
+              eps, flags, T, H, W, FP8, R=1):
     """The kernel body, given its Signal (tests pass a deliberately broken one)."""
     packs, _ = row_geometry(H)
     shard = packs // W
@@ -64,7 +64,7 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
     signal.sync()
     for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
         residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k, sources[k]), row, H,
-                          T, residual, residual_out, weight, eps, flags, out, q, scale, FP8)
+                          T, residual, residual_out, weight, eps, flags, out, q, scale, FP8, R)
     signal.end()
 
 
@@ -74,9 +74,10 @@ def fused_ar_rms_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residu
                         q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                         rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                         call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr,
-                        FP8: constexpr):
-    two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out, residual_out, q,
-              scale, rank, rows, eps, flags, T, H, W, FP8)
+                        FP8: constexpr, R: constexpr = 1):
+    # R: packs of a row read before any is stored (0: the whole row), per target
+    two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
+              residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8, R)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -86,20 +87,20 @@ def fused_ar_rms_2stage_runtime_h(inp: RegisteredPtrs["T"], staging: PeerPtrs["T
                                   sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32,
                                   hidden: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                                   call: dsl.CallId, T: constexpr, MAXH: constexpr,
-                                  W: constexpr, FP8: constexpr):
+                                  W: constexpr, FP8: constexpr, R: constexpr = 1):
     two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
               residual_out, q, scale, rank, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W,
-              FP8)
+              FP8, R)
 
 
 def variants(target):
-    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format}
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
             if (H // PACK) % W == 0]
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format}
+    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 
