@@ -4,6 +4,7 @@
     peerdsl.compile(k, target, **constexprs) -> CompiledKernel   one kernel, through the cache
     peerdsl.register_op(name, kernel, variants)                  an op for `peerdsl build`
     peerdsl.Communicator           the GPU communicator
+    peerdsl.sim.run(world, fn, ...) the simulator: fn(comm) on `world` simulated ranks
 
 `import peerdsl` stays light: the compiler side (and torch.distributed) load on first use.
 """
@@ -22,9 +23,14 @@ _LAZY = {  # public name -> (module, attribute)
 __all__ = ["kernel", *_LAZY]
 
 
+_SUBMODULES = ("sim",)  # `peerdsl.sim.run(...)` after a plain `import peerdsl`
+
+
 def __getattr__(name: str):
+    import importlib
     if name in _LAZY:
-        import importlib
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module, __name__), attr)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'peerdsl' has no attribute {name!r}")

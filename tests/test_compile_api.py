@@ -187,3 +187,12 @@ def test_occupancy_limits_are_named():
     assert amd_occupancy("gfx942", 64, 256, 20, 20, 20000) == (3, "lds")
     assert amd_occupancy("gfx1250", 32, 64, 20, 20, 0) == (8, "workgroup")  # 16 barriers
     assert amd_occupancy("gfx942", 64, 256, 20, 20, 70000) == (0, "lds")  # does not fit
+
+
+def test_simulator_is_reachable_after_a_plain_import():
+    """README and TUTORIAL write `import peerdsl` then `peerdsl.sim.run(...)`."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import peerdsl; print(peerdsl.sim.run.__name__)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "run"

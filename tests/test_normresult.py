@@ -90,3 +90,4 @@ def test_python_dash_m_peerdsl():
     p = subprocess.run([sys.executable, "-m", "peerdsl", "build", "--arch", "gfx7"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and "supported: gfx1250" in p.stderr
+
