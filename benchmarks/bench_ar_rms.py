@@ -24,13 +24,12 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_report import merge, plot, report  # noqa: E402
-from scripts.gpu_collectives import _free_port, start_mps, stop_mps  # noqa: E402
+from benchmarks.rank_harness import rank_env, replay_median_us, run_ranks  # noqa: E402
 
 ROWS = [1, 16, 64, 256, 384, 1024, 2048, 4096]
 CALLS, REPLAYS = 20, 30
@@ -51,18 +50,11 @@ def graph_time_us(torch, fn, dev, sync=None, capture=None) -> float:
         with torch.cuda.graph(g, stream=s):
             for _ in range(CALLS):
                 fn()
-    times = []
-    for _ in range(REPLAYS):
+    def before() -> None:
         if sync:
             sync()
         torch.cuda.synchronize(dev)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / CALLS)
-    return statistics.median(times)
+    return replay_median_us(torch, g, CALLS, REPLAYS, before)
 
 
 # ----------------------------------------------------------------------------- single GPU
@@ -298,33 +290,13 @@ def main() -> int:
                "single_gpu": single_gpu(torch, args.build, args.hidden[0], dev)}
     print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s ("
           + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in ways.items()) + ")", flush=True)
-    shared = torch.cuda.device_count() < max(args.tp)  # ranks share a GPU: run them under MPS
-    env = start_mps() if shared else dict(os.environ)
-    try:
+    with rank_env(max(args.tp)) as env:
         for tp in args.tp:
-            port = _free_port()
-            procs = [subprocess.Popen([sys.executable, __file__, "--build", args.build,
-                                       "--hidden", *map(str, args.hidden), "--rank-worker",
-                                       str(r), str(tp), str(port)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                     for r in range(tp)]
-            reps = []
-            for p in procs:
-                try:
-                    out, _ = p.communicate(timeout=400)
-                except subprocess.TimeoutExpired:
-                    for q in procs:
-                        q.kill()
-                    out, _ = p.communicate()
-                got = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("REPORT ")]
-                if not got:
-                    print(out[-3000:])
-                    return 1
-                reps.append(got[0])
+            reps = run_ranks([sys.executable, __file__, "--build", args.build, "--hidden",
+                              *map(str, args.hidden)], tp, env, timeout_s=400)
+            if reps is None:
+                return 1
             summary[f"tp{tp}"] = merge(reps)
-    finally:
-        if shared:
-            stop_mps(env)
     path = args.json or (os.path.join(os.environ["OUT"], "bench.json")
                          if os.environ.get("OUT") else "bench.json")
     with open(path, "w") as f:

@@ -21,8 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 
@@ -190,18 +188,14 @@ def _time_graph(torch, fn, dev, stream, sync, capture) -> float:
         with torch.cuda.graph(g, stream=stream):
             for _ in range(CALLS):
                 fn()
-    times = []
-    for _ in range(REPLAYS):
+    from benchmarks.rank_harness import replay_median_us
+
+    def before() -> None:
         sync()
         torch.cuda.synchronize(dev)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / CALLS)
+    us = replay_median_us(torch, g, CALLS, REPLAYS, before)
     del g
-    return statistics.median(times)
+    return us
 
 
 @contextlib.contextmanager
@@ -326,31 +320,13 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> dic
 
 
 def run_tp(tp: int, args: argparse.Namespace, env: dict) -> dict | None:
-    from scripts.gpu_collectives import _free_port
-    port = _free_port()
+    from benchmarks.rank_harness import run_ranks
     cmd = [sys.executable, os.path.abspath(__file__), "--build", args.build, "--hidden",
            str(args.hidden), "--budget-s", str(args.budget_s), "--rows", *map(str, args.rows)]
     cmd += ["--quick"] if args.quick else []
-    procs = [subprocess.Popen(cmd + ["--rank-worker", str(r), str(tp), str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(tp)]
-    wall = args.budget_s + 120  # start-up, the last config past the budget, a rebuild
-    reps, t0 = [], time.monotonic()
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, wall - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = p.communicate()
-        got = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("REPORT ")]
-        if not got:
-            print(f"TP{tp}: a rank gave no report:\n{out[-3000:]}", flush=True)
-            for q in procs:
-                q.kill()
-            return None
-        reps.append(got[0])
-    return merge(reps)
+    # start-up, the last config past the budget, a rebuild
+    reps = run_ranks(cmd, tp, env, timeout_s=args.budget_s + 120)
+    return None if reps is None else merge(reps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,21 +350,15 @@ def main(argv: list[str] | None = None) -> int:
         rank, world, port = args.rank_worker
         print("REPORT " + json.dumps(rank_main(rank, world, port, args)), flush=True)
         return 0
-    import torch
-    from scripts.gpu_collectives import start_mps, stop_mps
-    shared = torch.cuda.device_count() < max(args.tp)  # ranks share a GPU: under MPS
-    env = start_mps() if shared else dict(os.environ)
+    from benchmarks.rank_harness import rank_env
     summary: dict = {"hidden": args.hidden, "calls": CALLS, "replays": REPLAYS}
     t0 = time.monotonic()
-    try:
+    with rank_env(max(args.tp)) as env:
         for tp in args.tp:
             got = run_tp(tp, args, env)
             if got is not None:
                 summary[f"tp{tp}"] = got
             print(f"TP{tp} done at {time.monotonic() - t0:.0f} s", flush=True)
-    finally:
-        if shared:
-            stop_mps(env)
     path = args.json or os.path.join(os.environ.get("OUT", "."), "ar_variants.json")
     with open(path, "w") as f:
         json.dump(summary, f, indent=1)

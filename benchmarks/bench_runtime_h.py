@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_ar_rms import graph_time_us  # noqa: E402
-from scripts.gpu_collectives import _free_port, start_mps, stop_mps  # noqa: E402
+from benchmarks.rank_harness import rank_env, run_ranks  # noqa: E402
 
 FUSED_PATHS = ("fused_1stage", "fused_2stage")
 CUSTOM_MAX_BYTES = 64 << 20  # SPEC section 5: above it the fused entry falls back
@@ -174,35 +173,15 @@ def main() -> int:
         rep = rank_main(rank, world, port, args.build, args.hidden, args.rows)
         print("REPORT " + json.dumps(rep), flush=True)
         return 0
-    import torch
     summary = {"hidden": args.hidden, "rows": args.rows}
-    shared = torch.cuda.device_count() < max(args.tp)  # ranks share a GPU: run them under MPS
-    env = start_mps() if shared else dict(os.environ)
-    try:
+    with rank_env(max(args.tp)) as env:
         for tp in args.tp:
-            port = _free_port()
-            procs = [subprocess.Popen(
-                [sys.executable, __file__, "--build", args.build, "--hidden",
-                 *map(str, args.hidden), "--rows", *map(str, args.rows), "--rank-worker",
-                 str(r), str(tp), str(port)], env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True) for r in range(tp)]
-            reps = []
-            for p in procs:
-                try:
-                    out, _ = p.communicate(timeout=540)
-                except subprocess.TimeoutExpired:
-                    for q in procs:
-                        q.kill()
-                    out, _ = p.communicate()
-                got = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("REPORT ")]
-                if not got:
-                    print(out[-3000:])
-                    return 1
-                reps.append(got[0])
+            reps = run_ranks([sys.executable, __file__, "--build", args.build, "--hidden",
+                              *map(str, args.hidden), "--rows", *map(str, args.rows)], tp, env,
+                             timeout_s=540)
+            if reps is None:
+                return 1
             summary[f"tp{tp}"] = merge(reps)
-    finally:
-        if shared:
-            stop_mps(env)
     path = args.json or os.path.join(os.environ.get("OUT", "."), "bench_runtime_h.json")
     with open(path, "w") as f:
         json.dump(summary, f, indent=1)

@@ -32,14 +32,13 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from scripts.gpu_collectives import _free_port, start_mps, stop_mps  # noqa: E402
+from benchmarks.rank_harness import rank_env, run_ranks  # noqa: E402
 
 CALLS, ROUNDS, IDLE, IDLE_S = 500, 3, 20, 0.05
 
@@ -170,45 +169,16 @@ def table(summary: dict) -> str:
 
 def run(build: str, tps: list[int], hidden: int, rows: list[int], json_path: str | None,
         timeout_s: float = 300.0) -> int:
-    import torch
-    shared = torch.cuda.device_count() < max(tps)  # ranks share a GPU: run them under MPS
-    env = start_mps() if shared else dict(os.environ)
     summary: dict[str, Any] = {"hidden": hidden, "calls": CALLS, "rounds": ROUNDS,
                                "idle_calls": IDLE, "idle_s": IDLE_S, "tp": {}}
-    try:
+    with rank_env(max(tps)) as env:
         for tp in tps:
-            port = _free_port()
-            cmd = [sys.executable, os.path.abspath(__file__), "--build", build, "--hidden",
-                   str(hidden), "--rows", *map(str, rows), "--rank-worker"]
-            procs = [subprocess.Popen(cmd + [str(r), str(tp), str(port)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True) for r in range(tp)]
-            deadline = time.monotonic() + timeout_s
-            reports, failed = [], False
-            for p in procs:
-                try:
-                    out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    for q in procs:
-                        q.kill()
-                    out, _ = p.communicate()
-                    failed = True
-                got = [json.loads(line[7:]) for line in out.splitlines()
-                       if line.startswith("REPORT ")]
-                if not got:
-                    print(f"TP{tp}: a rank gave no report{' (killed at the timeout)' if failed else ''}"
-                          f":\n{out[-3000:]}", flush=True)
-                    failed = True
-                else:
-                    reports.append(got[0])
-            if failed:
-                for q in procs:
-                    q.kill()
+            reports = run_ranks([sys.executable, os.path.abspath(__file__), "--build", build,
+                                 "--hidden", str(hidden), "--rows", *map(str, rows)], tp, env,
+                                timeout_s)
+            if reports is None:
                 return 1
             summary["tp"][str(tp)] = merge(reports)
-    finally:
-        if shared:
-            stop_mps(env)
     path = json_path or (os.path.join(os.environ["OUT"], "host_cost.json")
                          if os.environ.get("OUT") else "host_cost.json")
     with open(path, "w") as f:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -126,15 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         with torch.cuda.graph(graph, stream=side):
             for _ in range(CALLS):
                 once(with_kernel)
-        times = []
-        for _ in range(REPLAYS):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1000 / CALLS)
-        return statistics.median(times)
+        from benchmarks.rank_harness import replay_median_us
+        return replay_median_us(torch, graph, CALLS, REPLAYS)
 
     for _ in range(args.launches if args.no_graph else 1):
         once()

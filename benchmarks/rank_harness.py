@@ -1,0 +1,80 @@
+"""The rank processes every multi-rank GPU benchmark runs: one process per rank, sharing the
+GPU under an MPS daemon when there are fewer GPUs than ranks (scripts/gpu_collectives.py
+starts and stops it), each rank printing one `REPORT <json>` line.
+
+    with rank_env(max(tps)) as env:
+        reports = run_ranks([sys.executable, __file__, ...], tp, env, timeout_s=300)
+
+`run_ranks` adds `--rank-worker RANK WORLD PORT` to the command, waits for every rank within
+one deadline (all are killed when it passes) and returns the reports in rank order, or None
+(printing the tail of a silent rank's output) when a rank gave none.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from scripts.gpu_collectives import _free_port, start_mps, stop_mps  # noqa: E402
+
+
+@contextlib.contextmanager
+def rank_env(max_tp: int) -> Iterator[dict]:
+    """The environment the rank processes run in: MPS's when ranks must share a GPU."""
+    import torch
+    shared = torch.cuda.device_count() < max_tp
+    env = start_mps() if shared else dict(os.environ)
+    try:
+        yield env
+    finally:
+        if shared:
+            stop_mps(env)
+
+
+def run_ranks(cmd: list[str], tp: int, env: dict, timeout_s: float) -> list[dict] | None:
+    port = _free_port()
+    procs = [subprocess.Popen(cmd + ["--rank-worker", str(r), str(tp), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(tp)]
+    deadline = time.monotonic() + timeout_s
+    reports = []
+    for p in procs:
+        killed = False
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            killed = True
+        got = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("REPORT ")]
+        if not got:
+            print(f"TP{tp}: a rank gave no report{' (killed at the timeout)' if killed else ''}"
+                  f":\n{out[-3000:]}", flush=True)
+            for q in procs:
+                q.kill()
+            return None
+        reports.append(got[0])
+    return reports
+
+
+def replay_median_us(torch, graph, calls: int, replays: int, before=None) -> float:
+    """Median us per call over `replays` replays of `graph` (which holds `calls` calls),
+    each timed by CUDA events; `before()` runs ahead of each replay (a sync, a reset)."""
+    import statistics
+    times = []
+    for _ in range(replays):
+        if before is not None:
+            before()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / calls)
+    return statistics.median(times)
