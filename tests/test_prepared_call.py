@@ -39,6 +39,21 @@ def fused_ok(got, step: int, tp: int, rank: int, rows: int) -> bool:
     return same(res_out, ref_res) and out.shape == ref_out.shape and ulp_diff(out, ref_out) <= 1
 
 
+def outcomes(*calls) -> list[str]:
+    """What each call did in turn: "returned", "broken" (CommunicatorBroken), or the name of
+    the collective error it raised."""
+    seen = []
+    for call in calls:
+        try:
+            call()
+            seen.append("returned")
+        except CommunicatorBroken:
+            seen.append("broken")
+        except CollectiveError as e:
+            seen.append(type(e).__name__)
+    return seen
+
+
 def skew(i: int) -> list[int]:
     """A different start delay per rank and launch (scheduler steps)."""
     return [(i * 37 + r * 53) % 160 for r in range(8)]
@@ -225,16 +240,7 @@ def test_an_in_place_prepared_call_met_by_another_call_is_a_mismatch(monkeypatch
                 if other == "the plain call" else b
         else:
             first = a
-        seen = []
-        for call in (first, a):
-            try:
-                call()
-                seen.append("returned")
-            except CommunicatorBroken:
-                seen.append("broken")
-            except CollectiveError as e:
-                seen.append(type(e).__name__)
-        return seen, str(comm.broken)
+        return outcomes(first, a), str(comm.broken)
 
     results = peerdsl.sim.run(2, body, seed=1, spin_limit=3000)
     for seen, _ in results:
@@ -306,15 +312,7 @@ def test_prepared_call_is_refused_once_broken(monkeypatch):
         if comm.rank == 1:
             with pytest.raises(ValueError):
                 comm.fused_allreduce_rmsnorm(x, residual[:1], weight)
-        seen = []
-        for call in (prep, prep, lambda: comm.fused_allreduce_rmsnorm(x, residual, weight)):
-            try:
-                call()
-                seen.append("returned")
-            except CommunicatorBroken:
-                seen.append("broken")
-            except CollectiveError as e:
-                seen.append(type(e).__name__)
+        seen = outcomes(prep, prep, lambda: comm.fused_allreduce_rmsnorm(x, residual, weight))
         return seen, comm.broken is not None
 
     for seen, broken in peerdsl.sim.run(2, body, seed=1, spin_limit=3000,
