@@ -213,20 +213,50 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
     return result
 
 
+FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", "PEERDSL_FUSED_UNROLL",
+             "PEERDSL_FUSED_ROWS", "PEERDSL_FUSED_END_BARRIER")
+
+
+def fused_schedules(hidden: int) -> list[dict[str, int]]:
+    """Every fused two-stage schedule the sm_90 build holds for `hidden`."""
+    from peerdsl.lowering.targets import get_target
+    from peerdsl.ops.fused_ar_rms_2stage import schedules
+    return schedules(get_target("sm_90"), hidden)
+
+
 def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
     """us per fused call on each path forced through PEERDSL_FUSED_PATH (LL allowed up to its
-    4 MiB scratch). Every rank forces the same paths in the same order."""
-    saved = {k: os.environ.get(k) for k in ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES")}
-    got = {}
+    4 MiB scratch), the two-stage kernel in each of its schedules (`fused_2stage:U4V2E0`).
+    Every rank forces the same paths in the same order. Each result is compared byte for
+    byte with the first path's; a differing path is listed under "mismatch"."""
+    saved = {k: os.environ.get(k) for k in FUSED_ENV}
+    got, first, mismatch = {}, None, []
+    runs = [("ll+rmsnorm", {}), ("fused_1stage", {})] + [
+        ("fused_2stage", s) for s in (fused_schedules(x.shape[1]) if comm.arch == "sm_90"
+                                      else [{}])]
     try:
         os.environ["PEERDSL_LL_MAX_BYTES"] = str(comm.meta_layout.ll_max_bytes)
-        for path in ("ll+rmsnorm", "fused_1stage", "fused_2stage"):
+        for path, sched in runs:
             os.environ["PEERDSL_FUSED_PATH"] = path
+            for key, name in (("U", "PEERDSL_FUSED_UNROLL"), ("V", "PEERDSL_FUSED_ROWS"),
+                              ("E", "PEERDSL_FUSED_END_BARRIER")):
+                if key in sched:
+                    os.environ[name] = str(sched[key])
+                else:
+                    os.environ.pop(name, None)
+            label = path + ("".join(f"{k}{v}" for k, v in sched.items()) and
+                            ":" + "".join(f"{k}{v}" for k, v in sched.items()))
             try:
-                comm.fused_allreduce_rmsnorm(x, res, w)
+                result = comm.fused_allreduce_rmsnorm(x, res, w)
             except ValueError:  # not valid for this shape or world
                 continue
-            got[path + "_us"] = graph_time_us(
+            outs = [t.clone() for t in (result.out, result.residual_out)]
+            if first is None:
+                first = outs
+            elif not all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                         for a, b in zip(first, outs)):
+                mismatch.append(label)
+            got[label + "_us"] = graph_time_us(
                 torch, lambda: comm.fused_allreduce_rmsnorm(x, res, w), dev, sync,
                 comm.graph_capture)
     finally:
@@ -235,6 +265,8 @@ def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    if mismatch:
+        got["mismatch"] = mismatch
     return got
 
 

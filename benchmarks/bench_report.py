@@ -17,7 +17,10 @@ def merge(reps: list[dict]) -> dict:
                                   for k in first}
         if "paths_us" in first:
             row["paths_us"] = {p: max(r["rows"][key]["paths_us"][p] for r in reps)
-                               for p in first["paths_us"]}
+                               for p in first["paths_us"] if p != "mismatch"}
+            bad = sorted({m for r in reps for m in r["rows"][key]["paths_us"].get("mismatch", [])})
+            if bad:
+                row["paths_us"]["mismatch"] = bad
     return out
 
 
@@ -46,14 +49,16 @@ def report(summary: dict) -> str:
             continue
         lines.append(f"\nTP{tp[2:]}, each fused path forced (PEERDSL_FUSED_PATH), us per call; "
                      f"null collective {summary[tp]['null_us']:.1f} us")
-        lines.append("| H | rows | ll+rmsnorm | fused_1stage | fused_2stage | dispatch chose |")
-        lines.append("|---|---|---|---|---|---|")
+        cols = sorted({p[:-3] for paths in swept.values() for p in paths if p.endswith("_us")},
+                      key=lambda p: (not p.startswith("ll"), not p.startswith("fused_1"), p))
+        lines.append("| H | rows | " + " | ".join(cols) + " | dispatch chose | bytes differ |")
+        lines.append("|---|---|" + "---|" * (len(cols) + 2))
         for key, paths in swept.items():
             hidden, rows = key.split(":")
-            cells = [f"{paths[p + '_us']:.1f}" if p + "_us" in paths else "-"
-                     for p in ("ll+rmsnorm", "fused_1stage", "fused_2stage")]
+            cells = [f"{paths[p + '_us']:.1f}" if p + "_us" in paths else "-" for p in cols]
             lines.append(f"| {hidden} | {rows} | " + " | ".join(cells)
-                         + f" | {summary[tp]['rows'][key]['path']} |")
+                         + f" | {summary[tp]['rows'][key]['path']} | "
+                         + (", ".join(paths.get("mismatch", [])) or "none") + " |")
     h0 = summary.get("hidden", [6144])[0]
     lines.append("\nSingle GPU add + RMSNorm, H=%d bf16, us (copy %.2f TB/s)" % (h0, bw / 1e12))
     lines.append("| rows | torch eager | torch.compile | Triton | peerdsl | peerdsl % of floor | "

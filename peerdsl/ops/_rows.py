@@ -301,6 +301,38 @@ def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: An
     rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt, ahead)
 
 
+def residual_norm_rows(ar_pack: Callable[[Any, int], list], rows: list, valid: list, H: Hidden,
+                       T: Any, residual: Any, residual_out: Any, weight: Any, eps: Any,
+                       flags: Any, out: Any, q: Any, scale: Any, fmt: str) -> None:
+    """residual_norm_row for several rows of one block at once: `ar_pack(row, k)` reads a
+    row's k-th all-reduced pack; every pack of every row is read before the first store, so
+    a block with few warps has V rows' loads in flight. `valid[v]` (block-uniform) says
+    whether row v is to be written; a row that is not is read (its index must be in range)
+    but stores nothing. Each row's values, sum of squares and stores are those of
+    residual_norm_row, so the bytes are the same."""
+    packs, per_thread = row_geometry(H)
+    res = base_packs(residual, T)
+    sums = []
+    for row in rows:
+        s = []
+        for k in range(per_thread):
+            vals = [0.0] * PACK
+            if pack_valid(H, k):
+                i = row * packs + pack_index(k)
+                vals = [a + b for a, b in zip(ar_pack(row, k), res[i].to_f32())]
+            s.append(vals)
+        sums.append(s)
+    for row, ok, s in zip(rows, valid, sums):
+        if ok:
+            for k in range(per_thread):
+                if pack_valid(H, k):
+                    residual_out.cast(dsl.vec16(T))[row * packs + pack_index(k)] = \
+                        dsl.pack_rne(s[k], T)
+    for row, ok, s in zip(rows, valid, sums):
+        if ok:
+            rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt, 0)
+
+
 def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], list]:
     """`ar_pack` for residual_norm_row: this thread's k-th pack of row `row` of `base`."""
     packs, _ = row_geometry(H)

@@ -11,12 +11,21 @@ The shards need H / 8 packs divisible by W (dispatch sends other sizes to the on
 kernel). `fused_ar_rms_2stage` is specialized for a constexpr H;
 `fused_ar_rms_2stage_runtime_h` takes `hidden` at run time up to its constexpr bound MAXH
 (the same body and bytes; each thread's shard owners are computed once, before the rows).
+
+Schedules (constexprs with the same bytes, picked per target by runtime/dispatch.py
+`FUSED_2STAGE`; AMD targets build the defaults only): U, stage 1's shard packs per thread in
+flight (0: one per row, rows outer; U >= 1: the block's rows x shard as one index space, U
+indices per iteration); V, stage 2's rows per block per iteration, every pack of the V rows
+read before the first store; E, the end barrier (E = 0 is safe for the reason
+allreduce_2stage's docstring gives: peers read this rank's input only in stage 1, closed by
+the phase barrier, and its staging only in stage 2, overwritten only after a later launch's
+start barrier).
 """
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    pack_index, residual_norm_row, row_geometry)
+                    pack_index, residual_norm_row, residual_norm_rows, row_geometry)
 from .registry import register
 
 
@@ -44,11 +53,8 @@ def gathered_pack(staging, row, H, T, W, k, source=None):
 
 
 def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scale, rank, rows,
-              eps, flags, T, H, W, FP8, R=1):
+              eps, flags, T, H, W, FP8, R=1, U=0, V=1, E=1):
     """The kernel body, given its Signal (tests pass a deliberately broken one)."""
-    packs, _ = row_geometry(H)
-    shard = packs // W
-    P = dsl.vec16(T)
     # A runtime shard size makes each owner a division by a run-time value: done once per
     # slot, before the start barrier, not per row (the specialized kernel divides by a
     # constant, inline).
@@ -56,16 +62,79 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
     if isinstance(H, RuntimeHidden):
         sources = [shard_source(H, W, k) for k in range(len(sources))]
     signal.start()
-    for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
-        for j in range(dsl.thread_id(), shard, NORM_BLOCK):
-            i = row * packs + rank * shard + j
-            acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
-            staging[rank].cast(P)[row * shard + j] = dsl.pack_rne(acc, T)
+    if U == 0:
+        reduce_scatter_rows(inp, staging, rank, signal.bound(rows), H, T, W)
+    else:
+        reduce_scatter_flat(inp, staging, rank, signal.bound(rows), H, T, W, U)
     signal.sync()
-    for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
-        residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k, sources[k]), row, H,
-                          T, residual, residual_out, weight, eps, flags, out, q, scale, FP8, R)
-    signal.end()
+    n = signal.bound(rows)
+    if V == 1:
+        for row in range(dsl.block_id(), n, dsl.num_blocks()):
+            residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k, sources[k]), row,
+                              H, T, residual, residual_out, weight, eps, flags, out, q, scale,
+                              FP8, R)
+    else:
+        stride = dsl.num_blocks()
+        for row in range(dsl.block_id(), n, stride * V):
+            # rows past the end reread this block's first row (staged, in range) and store
+            # nothing: the bytes stored are those of V = 1
+            block_rows = [row] + [dsl.select(row + v * stride < n, row + v * stride, row)
+                                  for v in range(1, V)]
+            valid = [True] + [row + v * stride < n for v in range(1, V)]
+            residual_norm_rows(lambda r, k: gathered_pack(staging, r, H, T, W, k, sources[k]),
+                               block_rows, valid, H, T, residual, residual_out, weight, eps,
+                               flags, out, q, scale, FP8)
+    if E:
+        signal.end()
+    else:
+        signal.finish()
+
+
+def shard_pack(inp, rank, row, j, H, T, W):
+    """Shard pack j of `row`: summed in rank order from every rank's input (loads only)."""
+    packs, _ = row_geometry(H)
+    shard = packs // W
+    return rank_order_sum([inp[r].cast(dsl.vec16(T))[row * packs + rank * shard + j]
+                           for r in range(W)])
+
+
+def reduce_scatter_rows(inp, staging, rank, rows, H, T, W):
+    """Stage 1, U = 0: one shard pack per thread per row, rows outer (the AMD build's loop)."""
+    packs, _ = row_geometry(H)
+    shard = packs // W
+    mine = staging[rank].cast(dsl.vec16(T))
+    for row in range(dsl.block_id(), rows, dsl.num_blocks()):
+        for j in range(dsl.thread_id(), shard, NORM_BLOCK):
+            mine[row * shard + j] = dsl.pack_rne(shard_pack(inp, rank, row, j, H, T, W), T)
+
+
+def reduce_scatter_flat(inp, staging, rank, rows, H, T, W, U):
+    """Stage 1 with U shard packs per thread in flight: this block's rows (b, b + G, ...)
+    times the shard, as one index space f = local_row * shard + j over the block's threads,
+    U indices per thread per iteration with every load issued before the first store.
+
+    Why: with rows outer, a shard narrower than the block (H=6144 at TP4: 192 packs for
+    256 threads; H=2880: 90) idles threads, and each thread has only W loads in flight per
+    iteration, while under MPS each rank's block is alone on its SM. Block b still covers
+    exactly its own rows, so the per-block phase barrier covers what stage 2 reads. An index
+    past the block's work reloads index f (in range) and skips its store."""
+    packs, _ = row_geometry(H)
+    shard = packs // W
+    mine = staging[rank].cast(dsl.vec16(T))
+    b, stride = dsl.block_id(), dsl.num_blocks()
+    # rows of this block: b < stride, so the numerator is >= 0 even when rows is 0
+    work = (rows - b + stride - 1) // stride * shard
+    for f in range(dsl.thread_id(), work, NORM_BLOCK * U):
+        idx = [f] + [dsl.select(f + u * NORM_BLOCK < work, f + u * NORM_BLOCK, f)
+                     for u in range(1, U)]
+        valid = [True] + [f + u * NORM_BLOCK < work for u in range(1, U)]
+        local = [i // shard for i in idx]
+        sums = [shard_pack(inp, rank, b + lr * stride, i - lr * shard, H, T, W)
+                for i, lr in zip(idx, local)]
+        for u in range(U):
+            if valid[u]:
+                mine[(b + local[u] * stride) * shard + idx[u] - local[u] * shard] = \
+                    dsl.pack_rne(sums[u], T)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -74,10 +143,12 @@ def fused_ar_rms_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residu
                         q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                         rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                         call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr,
-                        FP8: constexpr, R: constexpr = 1):
-    # R: packs of a row read before any is stored (0: the whole row), per target
+                        FP8: constexpr, R: constexpr = 1, U: constexpr = 0,
+                        V: constexpr = 1, E: constexpr = 1):
+    # R: packs of a row read before any is stored (0: the whole row), per target; U, V, E:
+    # the module docstring
     two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
-              residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8, R)
+              residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8, R, U, V, E)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -87,21 +158,51 @@ def fused_ar_rms_2stage_runtime_h(inp: RegisteredPtrs["T"], staging: PeerPtrs["T
                                   sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32,
                                   hidden: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                                   call: dsl.CallId, T: constexpr, MAXH: constexpr,
-                                  W: constexpr, FP8: constexpr, R: constexpr = 1):
+                                  W: constexpr, FP8: constexpr, R: constexpr = 1,
+                                  U: constexpr = 0, V: constexpr = 1, E: constexpr = 1):
     two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
               residual_out, q, scale, rank, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W,
-              FP8, R)
+              FP8, R, U, V, E)
 
 
 def variants(target):
+    return [{**v, **k} for v in _base_variants(target) for k in schedules(target, v["H"])]
+
+
+def _base_variants(target):
     return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
             if (H // PACK) % W == 0]
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
-            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
+    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             **k} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS
+            for k in schedules(target, M)]
+
+
+# sm_90 schedules: the default (U=0, V=1, E=1) and those the sweep compares; E = 0 with all
+SM90_SCHEDULES = ((4, 1), (2, 2), (4, 2))
+# V rows of a thread's packs in registers at once: at most this many packs (H=8192 at V=2
+# spills 16 bytes under sm_90's 128-register cap; H=6144 at V=2 fits)
+MAX_ROW_PACKS = 6
+
+
+def stage2_rows(hidden: int, V: int) -> int:
+    """V, or 1 where V rows of `hidden` would hold more than MAX_ROW_PACKS packs per thread."""
+    per_thread = -(-hidden // (PACK * NORM_BLOCK))
+    return V if V * per_thread <= MAX_ROW_PACKS else 1
+
+
+def schedules(target, H):
+    """The {U, V, E} a target builds for hidden size (or bound) H: AMD targets only the
+    defaults (named nowhere, so their kernels are the ones the gfx1250 PR measured); sm_90
+    also `SM90_SCHEDULES`, the ones runtime/dispatch.py `FUSED_2STAGE` picks from and
+    `bench_ar_rms.py --fused-variants` sweeps."""
+    if not getattr(target, "is_nvidia", False):
+        return [{}]
+    picks = {(U, stage2_rows(H, V)) for U, V in SM90_SCHEDULES}
+    return [{"U": 0, "V": 1, "E": 1}] + [{"U": U, "V": V, "E": 0} for U, V in sorted(picks)]
 
 
 register("fused_ar_rms_2stage", fused_ar_rms_2stage, variants)

@@ -338,6 +338,7 @@ class Collectives(CallIdentity):
         constexprs = {"T": T, rk.size_key: rk.size, "W": self.world, "FP8": self.fp8_format}
         if path == "fused_2stage":
             args["staging"] = self.staging_peers
+            constexprs.update(dispatch.fused_2stage_kernel(self.arch, self.world, rk.size))
         grid = max(1, min(rows, self.max_grid, layout.MAX_BLOCKS))
         self._launch(rk.name, constexprs, grid, args)
         result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)

@@ -86,7 +86,9 @@ _ENV = {
 _FORCED_ENV = "PEERDSL_FUSED_PATH"
 _AR_ENV = {"block": "PEERDSL_AR_BLOCK", "unroll": "PEERDSL_AR_UNROLL",
            "end_barrier": "PEERDSL_AR_END_BARRIER"}
-_ENV_NAMES = (*_ENV.values(), _FORCED_ENV, *_AR_ENV.values())
+_FUSED_ENV = {"U": "PEERDSL_FUSED_UNROLL", "V": "PEERDSL_FUSED_ROWS",
+              "E": "PEERDSL_FUSED_END_BARRIER"}
+_ENV_NAMES = (*_ENV.values(), _FORCED_ENV, *_AR_ENV.values(), *_FUSED_ENV.values())
 # os.environ's own storage and its keys in that storage's form: one C-level dict lookup per
 # variable instead of os.environ.get's encode + Mapping.get (~1 us each, 7 per plan)
 _ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES)) if hasattr(
@@ -348,3 +350,44 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
     if path == "2stage":
         cx["E"] = env.get("end_barrier", base.end_barrier)
     return cx, block * unroll
+
+
+# The fused two-stage kernel's schedule per target and world size (ops/fused_ar_rms_2stage.py
+# U, V, E); targets without an entry launch the build's default schedule. Provisional sm_90
+# choice (U = 4 shard packs and V = 2 rows per thread in flight, no end barrier) from the
+# same latency argument as _SM90_AR, until `bench_ar_rms.py --fused-variants` measures it.
+_SM90_FUSED = {"U": 4, "V": 2, "E": 0}
+FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {"sm_90": {w: _SM90_FUSED for w in (2, 4, 8)}}
+_FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
+
+
+def fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
+    """The constexprs beyond T, H/MAXH, W and FP8 of the fused two-stage kernel:
+    `FUSED_2STAGE`'s schedule, with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS and
+    PEERDSL_FUSED_END_BARRIER overriding U, V and E (a schedule that is not built fails at
+    launch, naming the built ones). `hidden` is the kernel's H (or MAXH): V is capped where
+    V rows would not fit the registers (ops/fused_ar_rms_2stage.py `stage2_rows`)."""
+    return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, _env_key()),
+                   lambda: _fused_2stage_kernel(arch, world, hidden))
+
+
+def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
+    from ..ops.fused_ar_rms_2stage import stage2_rows
+    cx = dict(FUSED_2STAGE.get(arch, {}).get(world, {}))
+    if "V" in cx:
+        cx["V"] = stage2_rows(hidden, cx["V"])
+    for field, name in _FUSED_ENV.items():
+        raw = os.environ.get(name)
+        if raw is None:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not an integer") from None
+        low = 1 if field == "V" else 0
+        if value < low or field == "E" and value > 1:
+            raise ValueError(f"{name}={value} must be {'0 or 1' if field == 'E' else f'>= {low}'}")
+        cx[field] = value
+    if cx:  # a partial override of a target without an entry: the kernel's defaults
+        cx = {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}
+    return cx

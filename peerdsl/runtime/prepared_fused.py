@@ -111,6 +111,7 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
                           **rk.args)
         if path == "fused_2stage":
             fused_args["staging"] = comm.staging_peers
+            cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size))
         grid = max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))
         actions.append(("collective", b.launch(name, cx, grid, fused_args),
                         call_key(op, call_args, kwargs, name, cx, comm.world), b.check(name)))
