@@ -217,11 +217,11 @@ FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", "PEERDSL_FUSED_UNROLL
              "PEERDSL_FUSED_ROWS", "PEERDSL_FUSED_END_BARRIER")
 
 
-def fused_schedules(hidden: int) -> list[dict[str, int]]:
-    """Every fused two-stage schedule the sm_90 build holds for `hidden`."""
+def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
+    """Every fused two-stage schedule the sm_90 build holds for `hidden` and `world`."""
     from peerdsl.lowering.targets import get_target
     from peerdsl.ops.fused_ar_rms_2stage import schedules
-    return schedules(get_target("sm_90"), hidden)
+    return schedules(get_target("sm_90"), hidden, world)
 
 
 def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
@@ -232,7 +232,7 @@ def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
     saved = {k: os.environ.get(k) for k in FUSED_ENV}
     got, first, mismatch = {}, None, []
     runs = [("ll+rmsnorm", {}), ("fused_1stage", {})] + [
-        ("fused_2stage", s) for s in (fused_schedules(x.shape[1]) if comm.arch == "sm_90"
+        ("fused_2stage", s) for s in (fused_schedules(x.shape[1], comm.world) if comm.arch == "sm_90"
                                       else [{}])]
     try:
         os.environ["PEERDSL_LL_MAX_BYTES"] = str(comm.meta_layout.ll_max_bytes)

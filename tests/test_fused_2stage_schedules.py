@@ -71,4 +71,23 @@ def test_sm90_builds_every_schedule_dispatch_picks():
             cx = dispatch.fused_2stage_kernel("sm_90", world, size)
             assert (size, world, cx["U"], cx["V"], cx["E"]) in built
     assert dispatch.fused_2stage_kernel("sm_90", 4, 8192)["V"] == 1  # two rows would spill
+    assert dispatch.fused_2stage_kernel("sm_90", 8, 6144) == {"U": 0, "V": 1, "E": 1}
+
+
+@pytest.mark.parametrize("W", [2, 4, 8])
+def test_sm90_schedules_dispatch_picks_do_not_spill(W):
+    """What dispatch can launch on sm_90 compiles without spills or local memory (the one
+    known exception: the default schedule's 8 bytes at W=8, H=7168, MAXH 16384)."""
+    import peerdsl
+    ops = load_all()
+    for op, key, sizes in (("fused_ar_rms_2stage", "H", (2880, 6144, 8192)),
+                           ("fused_ar_rms_2stage_runtime_h", "MAXH", (4096, 8192))):
+        for size in sizes:
+            if key == "H" and (size // 8) % W:
+                continue
+            cx = dispatch.fused_2stage_kernel("sm_90", W, size)
+            ck = peerdsl.compile(ops[op].kernel, "sm_90", T="bf16", **{key: size}, W=W,
+                                 FP8="e4m3fn", R=4, **cx)
+            r = ck.resources
+            assert r["spill_stores"] == 0 and r["local_bytes"] == 0, (op, size, W, cx, r)
     assert dispatch.fused_2stage_kernel("gfx1250", 4, 6144) == {}

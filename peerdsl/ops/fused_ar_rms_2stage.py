@@ -166,7 +166,7 @@ def fused_ar_rms_2stage_runtime_h(inp: RegisteredPtrs["T"], staging: PeerPtrs["T
 
 
 def variants(target):
-    return [{**v, **k} for v in _base_variants(target) for k in schedules(target, v["H"])]
+    return [{**v, **k} for v in _base_variants(target) for k in schedules(target, v["H"], v["W"])]
 
 
 def _base_variants(target):
@@ -178,30 +178,35 @@ def _base_variants(target):
 def runtime_h_variants(target):
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
              **k} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS
-            for k in schedules(target, M)]
+            for k in schedules(target, M, W)]
 
 
 # sm_90 schedules: the default (U=0, V=1, E=1) and those the sweep compares; E = 0 with all
 SM90_SCHEDULES = ((4, 1), (2, 2), (4, 2))
-# V rows of a thread's packs in registers at once: at most this many packs (H=8192 at V=2
-# spills 16 bytes under sm_90's 128-register cap; H=6144 at V=2 fits)
-MAX_ROW_PACKS = 6
 
 
-def stage2_rows(hidden: int, V: int) -> int:
-    """V, or 1 where V rows of `hidden` would hold more than MAX_ROW_PACKS packs per thread."""
-    per_thread = -(-hidden // (PACK * NORM_BLOCK))
-    return V if V * per_thread <= MAX_ROW_PACKS else 1
+def fitted_schedule(H: int, W: int, U: int, V: int) -> tuple[int, int]:
+    """(U, V) cut to what fits sm_90's 128 registers per thread without spilling (from the
+    build's resources): stage 1 holds U x W loaded packs (at most 16), stage 2 V rows of a
+    thread's packs (at most 6). W = 8 and bounds of more than 4 packs per thread (MAXH
+    16384) keep the default schedule: their other schedules spilled 8-104 bytes, and W = 8
+    cannot be measured on the one lent GPU."""
+    per_thread = -(-H // (PACK * NORM_BLOCK))
+    if per_thread > 4 or W > 4:
+        return 0, 1
+    while U > 1 and U * W > 16:
+        U //= 2
+    return U, (V if V * per_thread <= 6 else 1)
 
 
-def schedules(target, H):
-    """The {U, V, E} a target builds for hidden size (or bound) H: AMD targets only the
-    defaults (named nowhere, so their kernels are the ones the gfx1250 PR measured); sm_90
-    also `SM90_SCHEDULES`, the ones runtime/dispatch.py `FUSED_2STAGE` picks from and
-    `bench_ar_rms.py --fused-variants` sweeps."""
+def schedules(target, H, W):
+    """The {U, V, E} a target builds for hidden size (or bound) H and world W: AMD targets
+    only the defaults (named nowhere, so their kernels are the ones the gfx1250 PR
+    measured); sm_90 also `SM90_SCHEDULES` as fitted, the ones runtime/dispatch.py
+    `FUSED_2STAGE` picks from and `bench_ar_rms.py` sweeps."""
     if not getattr(target, "is_nvidia", False):
         return [{}]
-    picks = {(U, stage2_rows(H, V)) for U, V in SM90_SCHEDULES}
+    picks = {fitted_schedule(H, W, U, V) for U, V in SM90_SCHEDULES} - {(0, 1)}
     return [{"U": 0, "V": 1, "E": 1}] + [{"U": U, "V": V, "E": 0} for U, V in sorted(picks)]
 
 

@@ -366,16 +366,18 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
     `FUSED_2STAGE`'s schedule, with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS and
     PEERDSL_FUSED_END_BARRIER overriding U, V and E (a schedule that is not built fails at
     launch, naming the built ones). `hidden` is the kernel's H (or MAXH): V is capped where
-    V rows would not fit the registers (ops/fused_ar_rms_2stage.py `stage2_rows`)."""
+    V rows would not fit the registers (ops/fused_ar_rms_2stage.py `fitted_schedule`)."""
     return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, _env_key()),
                    lambda: _fused_2stage_kernel(arch, world, hidden))
 
 
 def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
-    from ..ops.fused_ar_rms_2stage import stage2_rows
+    from ..ops.fused_ar_rms_2stage import fitted_schedule
     cx = dict(FUSED_2STAGE.get(arch, {}).get(world, {}))
-    if "V" in cx:
-        cx["V"] = stage2_rows(hidden, cx["V"])
+    if cx:
+        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"])
+        if (cx["U"], cx["V"]) == (0, 1):
+            cx["E"] = 1  # the default schedule, built with its end barrier
     for field, name in _FUSED_ENV.items():
         raw = os.environ.get(name)
         if raw is None:
