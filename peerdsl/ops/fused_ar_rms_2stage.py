@@ -16,7 +16,7 @@ from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    pack_index, residual_norm_row, row_geometry)
+                    pack_index, read_index, residual_norm_row, row_geometry)
 from .registry import register
 
 
@@ -25,7 +25,7 @@ def shard_source(H, W, k):
     the pack's index in that rank's shard."""
     packs, _ = row_geometry(H)
     shard = packs // W
-    p = pack_index(k)
+    p = read_index(H, k)  # (a slot past the row: the clamped pack, where H clamps its reads)
     owner = p // shard
     return owner, p - owner * shard
 
