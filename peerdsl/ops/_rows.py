@@ -10,7 +10,10 @@ constexpr H: row loops unroll to exactly the packs the row has) or a `RuntimeHid
 runtime-H kernels: a traced `hidden` and a constexpr bound; each thread has the slots of the
 bound, and a slot past the row is masked at run time). A masked slot holds exact zeros, so
 it adds +0 to a thread's sum of squares (which is never -0) and nothing to its max: the
-reduction order is that of the specialized kernel, and so are the bytes.
+reduction order is that of the specialized kernel, and so are the bytes. Up to
+CLAMPED_PER_THREAD slots a masked slot's loads are not skipped but read from a clamped index
+inside the row and the values replaced by those zeros (`pack_slot`), so that every load of a
+thread's row is in flight at once; above it each slot's loads sit in a branch of their own.
 
 Non-finite rows follow torch's unfused steps (tests/reference.py): NaN and inf propagate as
 there, and FP8 bytes and scales of such rows are torch's byte for byte. Rows whose f32 sum of
@@ -34,6 +37,12 @@ HIDDEN_MIN, HIDDEN_MAX = 256, 16384   # what the runtime-H kernels serve (multip
 # the runtime-H classes: bounds of 1, 2, 4 and 8 packs per thread; a size H runs on the
 # smallest bound >= H, so at most half a thread's slots (only its last) are masked
 RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 4, 8))
+# Runtime-H bounds of at most this many packs per thread (MAXH <= 8192) read every slot
+# unconditionally (`pack_slot`): guarded, each slot's loads wait in their own branch (1.2-1.46x
+# the specialized kernels' time on the H200). At 8 packs the clamped reads spilled 148-260
+# bytes under sm_90's register cap, so MAXH 16384 keeps the guarded reads.
+CLAMPED_PER_THREAD = 4
+CLAMPED_AHEAD = 2    # the most packs of a row residual_norm_row reads ahead where clamped
 INF = float("inf")
 FP8_MAX_BYTE = {"e4m3fn": 0x7E, "e4m3fnuz": 0x7F}  # the byte of +FP8_MAX
 
@@ -98,15 +107,50 @@ def pack_index(k: int) -> Any:
     return dsl.thread_id() + k * NORM_BLOCK
 
 
+def clamps_reads(H: Hidden) -> bool:
+    """Whether the row helpers read every pack slot of H unconditionally (`pack_slot`)."""
+    return isinstance(H, RuntimeHidden) and H.per_thread <= CLAMPED_PER_THREAD
+
+
+def pack_slot(H: Hidden, k: int) -> tuple[Any, Any]:
+    """(p, valid): the index within the row that this thread's k-th pack slot reads, and
+    whether the slot lies inside the row (pack_valid). p is pack_index(k), except where H
+    clamps its reads (clamps_reads): there a slot past the row reads the row's first pack
+    (inside every row), so its loads need no branch, and the caller replaces the values with
+    `masked(valid, ...)`'s exact zeros; stores stay under `if valid`."""
+    valid = pack_valid(H, k)
+    p = pack_index(k)
+    if clamps_reads(H):
+        p = dsl.select(valid, p, 0)
+    return p, valid
+
+
+def read_index(H: Hidden, k: int) -> Any:
+    """pack_slot(H, k)'s index alone, for an `ar_pack` of residual_norm_row: nothing but
+    pack_index(k) is traced where H does not clamp its reads."""
+    if clamps_reads(H):
+        return pack_slot(H, k)[0]
+    return pack_index(k)
+
+
+def masked(valid: Any, vals: list) -> list:
+    """vals where the slot is inside the row, else exact (+0) zeros."""
+    return [dsl.select(valid, v, 0.0) for v in vals]
+
+
 def load_row_packs(base: Any, row: Any, H: Hidden, T: Any) -> list:
     """This thread's packs of row `row` as f32 lists (zeros past the end of the row)."""
     packs, per_thread = row_geometry(H)
     vec = base.cast(dsl.vec16(T))
     out = []
     for k in range(per_thread):
-        vals = [0.0] * PACK
-        if pack_valid(H, k):
-            vals = vec[row * packs + pack_index(k)].to_f32()
+        if clamps_reads(H):
+            p, valid = pack_slot(H, k)
+            vals = masked(valid, vec[row * packs + p].to_f32())
+        else:
+            vals = [0.0] * PACK
+            if pack_valid(H, k):
+                vals = vec[row * packs + pack_index(k)].to_f32()
         out.append(vals)
     return out
 
@@ -226,9 +270,13 @@ def weight_packs(weight: Any, H: Hidden, T: Any) -> list:
     vec = base_packs(weight, T)
     out = []
     for k in range(per_thread):
-        w = [0.0] * PACK
-        if pack_valid(H, k):
-            w = vec[pack_index(k)].to_f32()
+        if clamps_reads(H):
+            p, valid = pack_slot(H, k)
+            w = masked(valid, vec[p].to_f32())
+        else:
+            w = [0.0] * PACK
+            if pack_valid(H, k):
+                w = vec[pack_index(k)].to_f32()
         out.append(w)
     return out
 
@@ -270,28 +318,40 @@ def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: An
                       residual_out: Any, weight: Any, eps: Any, flags: Any, out: Any, q: Any,
                       scale: Any, fmt: str, ahead: int = 1) -> None:
     """Given `ar_pack(k)`, which reads this thread's k-th all-reduced pack of the row (f32 of
-    T values; called only for packs inside the row): add the residual, write residual_out,
-    and run the RMSNorm epilogue. Every norm kernel ends a row here.
+    T values) at its index `read_index(H, k)`: add the residual, write residual_out, and run
+    the RMSNorm epilogue. Every norm kernel ends a row here. ar_pack is called only for
+    packs inside the row, except where H clamps its reads (clamps_reads): then for every
+    slot, and a slot past the row reads the clamped index and its values are masked.
 
     `ahead` (a kernel constexpr, per target: lowering/targets.py `row_reads_ahead`) is how
     many packs are read before their residual_out stores: the store may alias the inputs,
     so no compiler hoists a later pack's loads above it. 1 reads, adds and stores one pack
     at a time (one pack's inputs, W peers' packs in the fused kernels, in registers at
     once); k > 1 reads k packs at a time and 0 the whole row, so their loads are in flight
-    together (more registers, far less waiting where each block has few warps). The values,
-    and so the bytes, are the same either way."""
+    together (more registers, far less waiting where each block has few warps); where H
+    clamps its reads, at most CLAMPED_AHEAD. The values, and so the bytes, are the same
+    either way."""
     packs, per_thread = row_geometry(H)
     res = base_packs(residual, T)
     group = per_thread if ahead == 0 else ahead
+    if clamps_reads(H) and min(group, per_thread) > CLAMPED_AHEAD:
+        # the clamped reads of 4 slots at once spilled (the fused kernels, 16-112 bytes under
+        # sm_90's 128 registers); 2 at a time, the weights read as each output is written, not
+        group = ahead = CLAMPED_AHEAD
     s = []
     for first in range(0, per_thread, group):
         ks = list(range(first, min(first + group, per_thread)))
         read = []
         for k in ks:
-            vals = [0.0] * PACK
-            if pack_valid(H, k):
-                i = row * packs + pack_index(k)
-                vals = [a + b for a, b in zip(ar_pack(k), res[i].to_f32())]
+            if clamps_reads(H):
+                p, valid = pack_slot(H, k)
+                vals = masked(valid, [a + b for a, b in zip(ar_pack(k),
+                                                            res[row * packs + p].to_f32())])
+            else:
+                vals = [0.0] * PACK
+                if pack_valid(H, k):
+                    i = row * packs + pack_index(k)
+                    vals = [a + b for a, b in zip(ar_pack(k), res[i].to_f32())]
             read.append(vals)
         for k, vals in zip(ks, read):
             if pack_valid(H, k):
@@ -316,10 +376,15 @@ def residual_norm_rows(ar_pack: Callable[[Any, int], list], rows: list, valid: l
     for row in rows:
         s = []
         for k in range(per_thread):
-            vals = [0.0] * PACK
-            if pack_valid(H, k):
-                i = row * packs + pack_index(k)
-                vals = [a + b for a, b in zip(ar_pack(row, k), res[i].to_f32())]
+            if clamps_reads(H):  # a runtime H: every slot read, those past the row masked
+                p, ok = pack_slot(H, k)
+                vals = masked(ok, [a + b for a, b in zip(ar_pack(row, k),
+                                                         res[row * packs + p].to_f32())])
+            else:
+                vals = [0.0] * PACK
+                if pack_valid(H, k):
+                    i = row * packs + pack_index(k)
+                    vals = [a + b for a, b in zip(ar_pack(row, k), res[i].to_f32())]
             s.append(vals)
         sums.append(s)
     for row, ok, s in zip(rows, valid, sums):
@@ -337,7 +402,7 @@ def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], l
     """`ar_pack` for residual_norm_row: this thread's k-th pack of row `row` of `base`."""
     packs, _ = row_geometry(H)
     vec = base_packs(base, T)
-    return lambda k: vec[row * packs + pack_index(k)].to_f32()
+    return lambda k: vec[row * packs + read_index(H, k)].to_f32()
 
 
 def base_packs(base: Any, T: Any) -> Any:

@@ -25,7 +25,8 @@ from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    pack_index, residual_norm_row, residual_norm_rows, row_geometry)
+                    pack_index, read_index, residual_norm_row, residual_norm_rows,
+                    row_geometry)
 from .registry import register
 
 
@@ -34,7 +35,7 @@ def shard_source(H, W, k):
     the pack's index in that rank's shard."""
     packs, _ = row_geometry(H)
     shard = packs // W
-    p = pack_index(k)
+    p = read_index(H, k)  # (a slot past the row: the clamped pack, where H clamps its reads)
     owner = p // shard
     return owner, p - owner * shard
 
