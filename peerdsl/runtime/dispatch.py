@@ -9,9 +9,10 @@ RMSNorm at every row count measured (1 to 256 rows, TP2 and TP4, H 2880/6144/819
 H=6144 one row 10.5 vs 12.3 us), so sm_90's fused LL range is empty; and the one-stage fused
 kernel beat the two-stage one up to 256 rows at TP4 (H=6144: 9.5 vs 11.7 us at 16 rows, 29.5
 vs 32.9 at 256; H=8192 likewise), and on 2026-12-03 it also won from 384 to 4096 rows in two
-runs (TP4 H=6144: 40.1 vs 44.1 us at 384 rows, 87.9 vs 97.9 at 1024, 311.7 vs 342.3 at 4096;
-the peers-side-by-side run in BASELINES.md agrees: 89.3 vs 100.6 at 1024), so sm_90's fused
-entry takes the one-stage kernel over the whole custom range. Every threshold has a
+runs (TP4 H=6144: 40.1 vs 44.1 us at 384 rows, 87.9 vs 97.9 at 1024, 311.7 vs 342.3 at 4096).
+Then the two-stage kernel got its sm_90 schedules (`FUSED_2STAGE` below: more shard packs
+and rows in flight), and in call F1 it won at TP4 from 2 MiB (H 2880/6144/8192), so sm_90's
+fused entry takes it from there, H = 2880 included (`fused_two_stage_min_hidden`). Every threshold has a
 `PEERDSL_*` environment override, read at each call.
 
 The one- and two-stage all-reduce kernels also come in variants (ops/_collective.py
@@ -50,6 +51,7 @@ class Thresholds:
     # the one-stage fused kernel beats LL + add + RMSNorm sets its own
     fused_ll_max_bytes: int | None = None
     fused_two_stage_min_bytes: int = 0  # below it the fused entry takes the one-stage kernel
+    fused_two_stage_min_hidden: int | None = None  # None: two_stage_min_hidden
     two_stage_min_bytes: int = 0  # below it the plain all-reduce takes the one-stage kernel
 
     @property
@@ -66,8 +68,13 @@ TABLES = {
     # two_stage_min_bytes: provisional (vLLM's kernels under MPS on the H200 crossed over
     # between 2048 and 4096 rows at TP4, H=6144, BASELINES.md); `bench_ar_rms.py
     # --ar-variants` measures ours and prints the crossover to put here
+    # fused_two_stage_*: call F1 (2026-12-03, RESULTS.md), TP4, the two-stage kernel with
+    # U=4 and V=2 rows (V=1 at 8192) beat the one-stage one from 384 rows at H=2880 (26.9 vs
+    # 30.1 us), from 256 rows at 6144 (2048: 146.8 vs 169.2) and at 8192 (256: 36.3 vs
+    # 38.2; 4096: 372.0 vs 404.7), and lost below (6144 at 64 rows: 14.3 vs 13.1)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
-                        fused_two_stage_min_bytes=64 * MiB, two_stage_min_bytes=32 * MiB),
+                        fused_two_stage_min_bytes=2 * MiB, fused_two_stage_min_hidden=2048,
+                        two_stage_min_bytes=32 * MiB),
 }
 
 _ENV = {
@@ -79,6 +86,7 @@ _ENV = {
     "ar_quant_max_bytes": "PEERDSL_AR_QUANT_MAX_BYTES",
     "fused_ll_max_bytes": "PEERDSL_FUSED_LL_MAX_BYTES",
     "fused_two_stage_min_bytes": "PEERDSL_FUSED_TWO_STAGE_MIN_BYTES",
+    "fused_two_stage_min_hidden": "PEERDSL_FUSED_TWO_STAGE_MIN_HIDDEN",
     "two_stage_min_bytes": "PEERDSL_TWO_STAGE_MIN_BYTES",
 }
 
@@ -171,8 +179,12 @@ def _staging_fits(t: Thresholds, world: int, packs_per_row: int, nbytes: int) ->
     return nbytes // world <= t.staging_bytes and packs_per_row % world == 0
 
 
-def two_stage_fits(t: Thresholds, world: int, hidden: int, nbytes: int) -> bool:
-    return (world >= t.two_stage_min_world and hidden >= t.two_stage_min_hidden
+def two_stage_fits(t: Thresholds, world: int, hidden: int, nbytes: int,
+                   min_hidden: int | None = None) -> bool:
+    """`min_hidden`: the fused entry's own bound where a target sets one (None: the
+    all-reduce's two_stage_min_hidden)."""
+    least = t.two_stage_min_hidden if min_hidden is None else min_hidden
+    return (world >= t.two_stage_min_world and hidden >= least
             and _staging_fits(t, world, hidden // 8, nbytes))
 
 
@@ -203,7 +215,8 @@ def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8
         plan = "fallback"
     elif nbytes <= t.fused_ll_cap:
         plan = "ll+rmsnorm"
-    elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(t, world, hidden, nbytes):
+    elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(
+            t, world, hidden, nbytes, t.fused_two_stage_min_hidden):
         plan = "fused_2stage"
     else:
         plan = "fused_1stage"
@@ -353,9 +366,10 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 
 
 # The fused two-stage kernel's schedule per target and world size (ops/fused_ar_rms_2stage.py
-# U, V, E); targets without an entry launch the build's default schedule. Provisional sm_90
-# choice (U = 4 shard packs and V = 2 rows per thread in flight, no end barrier) from the
-# same latency argument as _SM90_AR, until `bench_ar_rms.py --fused-variants` measures it.
+# U, V, E); targets without an entry launch the build's default schedule. sm_90: U = 4 shard
+# packs and V = 2 rows per thread in flight, no end barrier (fitted: V = 1 at H = 8192), the
+# fastest or within 2% of it at every TP4 row count from 256 in call F1 (RESULTS.md), e.g.
+# 6144 x 4096 rows 274.6 us against 347.3 for the default schedule.
 _SM90_FUSED = {"U": 4, "V": 2, "E": 0}
 FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {"sm_90": {w: _SM90_FUSED for w in (2, 4, 8)}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
