@@ -341,24 +341,32 @@ def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: An
     s = []
     for first in range(0, per_thread, group):
         ks = list(range(first, min(first + group, per_thread)))
-        read = []
-        for k in ks:
-            if clamps_reads(H):
-                p, valid = pack_slot(H, k)
-                vals = masked(valid, [a + b for a, b in zip(ar_pack(k),
-                                                            res[row * packs + p].to_f32())])
-            else:
-                vals = [0.0] * PACK
-                if pack_valid(H, k):
-                    i = row * packs + pack_index(k)
-                    vals = [a + b for a, b in zip(ar_pack(k), res[i].to_f32())]
-            read.append(vals)
+        read = [_added_pack(ar_pack, res, row, H, k) for k in ks]
         for k, vals in zip(ks, read):
-            if pack_valid(H, k):
-                residual_out.cast(dsl.vec16(T))[row * packs + pack_index(k)] = \
-                    dsl.pack_rne(vals, T)
+            _store_pack(residual_out, row, H, T, k, vals)
             s.append(vals)
     rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt, ahead)
+
+
+def _added_pack(ar_pack: Callable[[int], list], res: Any, row: Any, H: Hidden, k: int) -> list:
+    """f32(ar) + f32(residual) of this thread's k-th pack of the row: zeros past the row,
+    read under `if` or, where H clamps its reads, read at the clamped index and masked."""
+    packs, _ = row_geometry(H)
+    if clamps_reads(H):
+        p, valid = pack_slot(H, k)
+        return masked(valid, [a + b for a, b in zip(ar_pack(k), res[row * packs + p].to_f32())])
+    vals = [0.0] * PACK
+    if pack_valid(H, k):
+        i = row * packs + pack_index(k)
+        vals = [a + b for a, b in zip(ar_pack(k), res[i].to_f32())]
+    return vals
+
+
+def _store_pack(dst: Any, row: Any, H: Hidden, T: Any, k: int, vals: list) -> None:
+    """dst's k-th pack of the row = T(vals), for a pack inside the row."""
+    packs, _ = row_geometry(H)
+    if pack_valid(H, k):
+        dst.cast(dsl.vec16(T))[row * packs + pack_index(k)] = dsl.pack_rne(vals, T)
 
 
 def residual_norm_rows(ar_pack: Callable[[Any, int], list], rows: list, valid: list, H: Hidden,
@@ -370,29 +378,15 @@ def residual_norm_rows(ar_pack: Callable[[Any, int], list], rows: list, valid: l
     whether row v is to be written; a row that is not is read (its index must be in range)
     but stores nothing. Each row's values, sum of squares and stores are those of
     residual_norm_row, so the bytes are the same."""
-    packs, per_thread = row_geometry(H)
+    _, per_thread = row_geometry(H)
     res = base_packs(residual, T)
-    sums = []
-    for row in rows:
-        s = []
-        for k in range(per_thread):
-            if clamps_reads(H):  # a runtime H: every slot read, those past the row masked
-                p, ok = pack_slot(H, k)
-                vals = masked(ok, [a + b for a, b in zip(ar_pack(row, k),
-                                                         res[row * packs + p].to_f32())])
-            else:
-                vals = [0.0] * PACK
-                if pack_valid(H, k):
-                    i = row * packs + pack_index(k)
-                    vals = [a + b for a, b in zip(ar_pack(row, k), res[i].to_f32())]
-            s.append(vals)
-        sums.append(s)
+    # (a lambda per row, called at once: the tracer rewrites nested defs' calls)
+    sums = [[_added_pack(lambda k: ar_pack(row, k), res, row, H, k) for k in range(per_thread)]
+            for row in rows]
     for row, ok, s in zip(rows, valid, sums):
         if ok:
             for k in range(per_thread):
-                if pack_valid(H, k):
-                    residual_out.cast(dsl.vec16(T))[row * packs + pack_index(k)] = \
-                        dsl.pack_rne(s[k], T)
+                _store_pack(residual_out, row, H, T, k, s[k])
     for row, ok, s in zip(rows, valid, sums):
         if ok:
             rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt, 0)
