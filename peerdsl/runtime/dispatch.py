@@ -147,18 +147,24 @@ _AR_PLANS: dict[tuple, Any] = {}
 def _with_env(arch: str) -> Thresholds:
     if arch not in TABLES:
         raise ValueError(f"no dispatch table for arch {arch!r}; known: {sorted(TABLES)}")
-    values = {}
-    for field, env in _ENV.items():
-        raw = os.environ.get(env)
-        if raw is None:
-            continue
-        try:
-            values[field] = int(raw)
-        except ValueError:
-            raise ValueError(f"{env}={raw!r} is not an integer") from None
-        if values[field] < 0:
-            raise ValueError(f"{env}={raw!r} must be >= 0")
+    values = _env_ints(_ENV)
+    for field, value in values.items():
+        if value < 0:
+            raise ValueError(f"{_ENV[field]}={os.environ[_ENV[field]]!r} must be >= 0")
     return dataclasses.replace(TABLES[arch], **values)
+
+
+def _env_ints(names: dict[str, str]) -> dict[str, int]:
+    """{field: int value} of the variables of `names` (field -> variable) that are set."""
+    values = {}
+    for field, name in names.items():
+        raw = os.environ.get(name)
+        if raw is not None:
+            try:
+                values[field] = int(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not an integer") from None
+    return values
 
 
 def _dtype_bytes(dtype) -> int:
@@ -336,14 +342,7 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
                max_grid: int) -> tuple[dict[str, int], int]:
     if path not in ("1stage", "2stage"):
         raise ValueError(f"ar_kernel path {path!r} is not '1stage' or '2stage'")
-    env = {}
-    for field, name in _AR_ENV.items():
-        raw = os.environ.get(name)
-        if raw is not None:
-            try:
-                env[field] = int(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not an integer") from None
+    env = _env_ints(_AR_ENV)
     if "end_barrier" in env and env["end_barrier"] not in (0, 1):
         raise ValueError(f"PEERDSL_AR_END_BARRIER={env['end_barrier']} must be 0 or 1")
     if "unroll" in env and env["unroll"] < 1 or "block" in env and env["block"] < 32:
@@ -392,15 +391,8 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
         cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"])
         if (cx["U"], cx["V"]) == (0, 1):
             cx["E"] = 1  # the default schedule, built with its end barrier
-    for field, name in _FUSED_ENV.items():
-        raw = os.environ.get(name)
-        if raw is None:
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"{name}={raw!r} is not an integer") from None
-        low = 1 if field == "V" else 0
+    for field, value in _env_ints(_FUSED_ENV).items():
+        name, low = _FUSED_ENV[field], 1 if field == "V" else 0
         if value < low or field == "E" and value > 1:
             raise ValueError(f"{name}={value} must be {'0 or 1' if field == 'E' else f'>= {low}'}")
         cx[field] = value
