@@ -214,7 +214,7 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
 
 
 FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", "PEERDSL_FUSED_UNROLL",
-             "PEERDSL_FUSED_ROWS", "PEERDSL_FUSED_END_BARRIER")
+             "PEERDSL_FUSED_ROWS", "PEERDSL_FUSED_END_BARRIER", "PEERDSL_FUSED_SPLIT")
 
 
 def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
@@ -239,7 +239,7 @@ def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
         for path, sched in runs:
             os.environ["PEERDSL_FUSED_PATH"] = path
             for key, name in (("U", "PEERDSL_FUSED_UNROLL"), ("V", "PEERDSL_FUSED_ROWS"),
-                              ("E", "PEERDSL_FUSED_END_BARRIER")):
+                              ("E", "PEERDSL_FUSED_END_BARRIER"), ("S", "PEERDSL_FUSED_SPLIT")):
                 if key in sched:
                     os.environ[name] = str(sched[key])
                 else:

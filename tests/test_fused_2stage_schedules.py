@@ -68,10 +68,13 @@ def test_sm90_builds_every_schedule_dispatch_picks():
         built = {(v[key], v["W"], v["U"], v["V"], v["E"])
                  for v in ops[op].variants(get_target("sm_90"))}
         for size, world, *_ in built:
-            cx = dispatch.fused_2stage_kernel("sm_90", world, size)
+            cx = dispatch.fused_2stage_kernel("sm_90", world, size, key == "MAXH")
             assert (size, world, cx["U"], cx["V"], cx["E"]) in built
     assert dispatch.fused_2stage_kernel("sm_90", 4, 8192)["V"] == 1  # two rows would spill
     assert dispatch.fused_2stage_kernel("sm_90", 8, 6144) == {"U": 0, "V": 1, "E": 1}
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 6144)["V"] == 2
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, runtime_h=True)["V"] == 1
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["V"] == 2
 
 
 @pytest.mark.parametrize("W", [2, 4, 8])
@@ -81,13 +84,108 @@ def test_sm90_schedules_dispatch_picks_do_not_spill(W):
     import peerdsl
     ops = load_all()
     for op, key, sizes in (("fused_ar_rms_2stage", "H", (2880, 6144, 8192)),
-                           ("fused_ar_rms_2stage_runtime_h", "MAXH", (4096, 8192))):
+                           ("fused_ar_rms_2stage_runtime_h", "MAXH", (4096, 6144, 8192))):
         for size in sizes:
             if key == "H" and (size // 8) % W:
                 continue
-            cx = dispatch.fused_2stage_kernel("sm_90", W, size)
+            cx = dispatch.fused_2stage_kernel("sm_90", W, size, key == "MAXH")
             ck = peerdsl.compile(ops[op].kernel, "sm_90", T="bf16", **{key: size}, W=W,
                                  FP8="e4m3fn", R=4, **cx)
             r = ck.resources
             assert r["spill_stores"] == 0 and r["local_bytes"] == 0, (op, size, W, cx, r)
     assert dispatch.fused_2stage_kernel("gfx1250", 4, 6144) == {}
+
+
+
+def _fused_bytes(world, hidden, force_runtime_h, opts, rows=9):
+    """Every rank's fused-entry outputs (eager, then a prepared call) as bytes, on sm_90's
+    variants under skew, with the PEERDSL_* settings the caller made."""
+    def body(comm):
+        comm.force_runtime_h = force_runtime_h
+        x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(17 + comm.rank))
+        g = torch.Generator().manual_seed(5)  # residual and weight alike on every rank
+        x = x.to(BF16)
+        residual = torch.randn(rows, hidden, generator=g).to(BF16)
+        weight = (torch.rand(hidden, generator=g) + 0.5).to(BF16)
+        eager = comm.fused_allreduce_rmsnorm(x, residual, weight, **opts)
+        path = comm.last_path
+        prepared = comm.prepare_fused_allreduce_rmsnorm(x, residual, weight, **opts)()
+        return path, [[t.view(torch.uint8).clone() for t in r if t is not None]
+                      for r in (eager, prepared)]
+    return peerdsl.sim.run(world, body, seed=7, skew=[0, 40, 0, 90][:world], target="sm_90")
+
+
+@pytest.mark.parametrize("hidden,world,force_runtime_h", [(2880, 4, False), (6144, 2, False),
+                                                          (5120, 4, False), (6144, 4, True)])
+@pytest.mark.parametrize("opts", [{}, {"fp8_out": True, "bf16_mirror": True},
+                                  {"gemma_norm": True}])
+def test_split_schedule_gives_the_unfused_bytes(monkeypatch, hidden, world, force_runtime_h,
+                                                opts):
+    """S = 1 (stage 1 alone, then ops/fused_ar_rms_gather.py as a second launch with a
+    grid of its own) through the public fused entry, eager and prepared: the unfused
+    path's bytes on every rank."""
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "unfused")
+    ref = _fused_bytes(world, hidden, force_runtime_h, opts)
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "fused_2stage")
+    monkeypatch.setenv("PEERDSL_FUSED_SPLIT", "1")
+    got = _fused_bytes(world, hidden, force_runtime_h, opts)
+    for (ref_path, ref_out), (path, out) in zip(ref, got):
+        assert (ref_path, path) == ("unfused", "fused_2stage")
+        for r, o in zip(ref_out[0] + ref_out[1], out[0] + out[1]):
+            assert torch.equal(r, o)
+    assert all(torch.equal(a, b) for r in got for a, b in zip(r[1][0], got[0][1][0]))
+
+
+def test_split_schedule_keeps_the_fault_rules(monkeypatch):
+    """A rank late past the spin limit in a split fused call: its peers time out in stage
+    1, the gather launch after it reads nothing (dsl.staged_ok), no call returns a wrong
+    result, and every later call is refused (the harness checks all of it)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults"))
+    from fault_harness import Step, first_errors, run_case, statuses
+    monkeypatch.setenv("PEERDSL_FUSED_SPLIT", "1")
+    late = 3
+
+    def before(comm, i):
+        comm.delay = 400_000 if (comm.rank, i) == (late, 1) else 0
+    res = run_case("sm_90 split fused, rank 3 late", 4,
+                   [Step("fused", 6, hidden=2880, path="fused_2stage")] * 3, before=before,
+                   target="sm_90")
+    st, first = statuses(res), first_errors(res)
+    assert all(s[0] == "exact" for s in st), st
+    assert all(f == "CollectiveTimeout" for r, f in enumerate(first) if r != late), st
+
+
+@pytest.mark.parametrize("error_set", [False, True])
+def test_gather_reads_nothing_while_the_error_record_is_set(error_set):
+    """dsl.staged_ok: with this rank's error record set (a wait of the stage-1 launch
+    failed), the gather kernel writes no output; with it clear, every row."""
+    import numpy as np
+
+    from peerdsl import layout
+    from peerdsl.runtime.errors import CollectiveError
+    rows, hidden, world = 3, 2880, 2
+
+    def body(comm):
+        if error_set:
+            comm._write_signal(layout.SIG_ERROR, np.array([1], np.int32))
+        g = torch.Generator().manual_seed(3)
+        residual = torch.randn(rows, hidden, generator=g).to(BF16)
+        weight = (torch.rand(hidden, generator=g) + 0.5).to(BF16)
+        staging = comm.peer_buffer((rows * hidden,), BF16)
+        outs = dict(out=torch.zeros(rows, hidden, dtype=BF16),
+                    residual_out=torch.zeros(rows, hidden, dtype=BF16),
+                    q=torch.zeros(rows, hidden, dtype=torch.int8),
+                    scale=torch.zeros(rows, dtype=torch.float32))
+        try:  # the record is read (and raised) after the launch
+            comm.launch("fused_ar_rms_gather", grid=2, constexprs={
+                "T": "bf16", "H": hidden, "W": world, "FP8": "e4m3fn", "R": 4},
+                staging=staging, residual=residual, weight=weight, sig=comm.signal,
+                rank=comm.rank, rows=rows, eps=1e-6, flags=0, **outs)
+        except CollectiveError:
+            assert error_set
+        return [bool(outs[k].view(torch.uint8).any()) for k in ("out", "residual_out")]
+
+    written = peerdsl.sim.run(world, body, seed=2, target="sm_90")
+    assert written == [[not error_set] * 2] * world

@@ -64,6 +64,17 @@ def spin_limit(sig: Pointer) -> Scalar:
     return select(expired != 0, 0, load(sig + layout.SIG_SPIN_LIMIT))
 
 
+def staged_ok(sig: PeerTable, rank: Any) -> Scalar:
+    """True when this rank's error record is clear as the launch finds it. A kernel with no
+    barrier of its own that reads what an earlier launch's barriers staged (peers' staging
+    after that launch's phase barrier) bounds its data loops with this, as Signal.bound()
+    does: a wait of that launch that failed wrote the record before the launch ended, so
+    nothing a peer may not have staged is read, and no output of the call is written."""
+    rank = as_scalar(rank)
+    declare_own_rank(rank)
+    return load(sig[rank] + layout.SIG_ERROR) == 0
+
+
 def spin_until_ge(flag: Pointer, target: Any, sig: Pointer, rank: Any, what: int) -> Scalar:
     """Acquire-load the counter `flag` until it has reached target (wrap-safe), at most the
     host's spin limit times. Returns 1 when the wait succeeded, 0 when it expired (an error

@@ -34,15 +34,16 @@ FLAG_MIRROR = 4
 SUPPORTED_HIDDEN = (2880, 4096, 6144, 7168, 8192)   # the specialized (constexpr H) sizes
 NORM_BLOCK = 256
 HIDDEN_MIN, HIDDEN_MAX = 256, 16384   # what the runtime-H kernels serve (multiples of PACK)
-# the runtime-H classes: bounds of 1, 2, 4 and 8 packs per thread; a size H runs on the
-# smallest bound >= H, so at most half a thread's slots (only its last) are masked
-RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 4, 8))
+# the runtime-H classes: bounds of 1, 2, 3, 4, 6 and 8 packs per thread; a size H runs on
+# the smallest bound >= H, so at most one slot of a thread (its last) is masked, and the
+# common sizes 6144 and 12288 fill their bound as the specialized kernels do
+RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 3, 4, 6, 8))
 # Runtime-H bounds of at most this many packs per thread (MAXH <= 8192) read every slot
 # unconditionally (`pack_slot`): guarded, each slot's loads wait in their own branch (1.2-1.46x
 # the specialized kernels' time on the H200). At 8 packs the clamped reads spilled 148-260
 # bytes under sm_90's register cap, so MAXH 16384 keeps the guarded reads.
 CLAMPED_PER_THREAD = 4
-CLAMPED_AHEAD = 2    # the most packs of a row residual_norm_row reads ahead where clamped
+CLAMPED_AHEAD = 3    # the most packs of a row residual_norm_row reads ahead where clamped
 INF = float("inf")
 FP8_MAX_BYTE = {"e4m3fn": 0x7E, "e4m3fnuz": 0x7F}  # the byte of +FP8_MAX
 
@@ -336,7 +337,8 @@ def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: An
     group = per_thread if ahead == 0 else ahead
     if clamps_reads(H) and min(group, per_thread) > CLAMPED_AHEAD:
         # the clamped reads of 4 slots at once spilled (the fused kernels, 16-112 bytes under
-        # sm_90's 128 registers); 2 at a time, the weights read as each output is written, not
+        # sm_90's 128 registers); 3 (a MAXH 6144 row, whole) did not. Past that, 3 at a time
+        # and the weights read as each output is written, not ahead
         group = ahead = CLAMPED_AHEAD
     s = []
     for first in range(0, per_thread, group):

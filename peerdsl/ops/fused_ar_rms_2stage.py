@@ -19,7 +19,11 @@ indices per iteration); V, stage 2's rows per block per iteration, every pack of
 read before the first store; E, the end barrier (E = 0 is safe for the reason
 allreduce_2stage's docstring gives: peers read this rank's input only in stage 1, closed by
 the phase barrier, and its staging only in stage 2, overwritten only after a later launch's
-start barrier).
+start barrier); S = 1, stage 1 alone, ending at the phase barrier: stage 2 is then its own
+launch (ops/fused_ar_rms_gather.py) with a grid of one block per row, since it waits for
+no peer and so needs no residency cap (a collective's grid is one block per SM per rank
+under MPS). The same staging argument covers it: the next launch's start barrier comes
+after every rank's gather on its stream.
 """
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
@@ -54,41 +58,56 @@ def gathered_pack(staging, row, H, T, W, k, source=None):
 
 
 def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scale, rank, rows,
-              eps, flags, T, H, W, FP8, R=1, U=0, V=1, E=1):
+              eps, flags, T, H, W, FP8, R=1, U=0, V=1, E=1, S=0):
     """The kernel body, given its Signal (tests pass a deliberately broken one)."""
-    # A runtime shard size makes each owner a division by a run-time value: done once per
-    # slot, before the start barrier, not per row (the specialized kernel divides by a
-    # constant, inline).
-    sources = [None] * row_geometry(H)[1]
-    if isinstance(H, RuntimeHidden):
-        sources = [shard_source(H, W, k) for k in range(len(sources))]
+    sources = shard_sources(H, W)
     signal.start()
     if U == 0:
         reduce_scatter_rows(inp, staging, rank, signal.bound(rows), H, T, W)
     else:
         reduce_scatter_flat(inp, staging, rank, signal.bound(rows), H, T, W, U)
     signal.sync()
-    n = signal.bound(rows)
+    if S:  # stage 2 is fused_ar_rms_gather's launch, after this one on the same stream
+        signal.finish()
+        return
+    gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, signal.bound(rows),
+                     eps, flags, T, H, W, FP8, R, V, sources)
+    if E:
+        signal.end()
+    else:
+        signal.finish()
+
+
+def shard_sources(H, W):
+    """Each pack slot's shard_source where H is a RuntimeHidden, else Nones. A runtime shard
+    size makes each owner a division by a run-time value: done once per slot, before the
+    rows (the specialized kernel divides by a constant, inline)."""
+    per_thread = row_geometry(H)[1]
+    if isinstance(H, RuntimeHidden):
+        return [shard_source(H, W, k) for k in range(per_thread)]
+    return [None] * per_thread
+
+
+def gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, eps, flags,
+                     T, H, W, FP8, R, V, sources):
+    """Stage 2: this block's rows b, b + G, ... < n gathered from the owners' staging and
+    normalized, V rows per iteration (all their packs read before the first store)."""
     if V == 1:
         for row in range(dsl.block_id(), n, dsl.num_blocks()):
             residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k, sources[k]), row,
                               H, T, residual, residual_out, weight, eps, flags, out, q, scale,
                               FP8, R)
-    else:
-        stride = dsl.num_blocks()
-        for row in range(dsl.block_id(), n, stride * V):
-            # rows past the end reread this block's first row (staged, in range) and store
-            # nothing: the bytes stored are those of V = 1
-            block_rows = [row] + [dsl.select(row + v * stride < n, row + v * stride, row)
-                                  for v in range(1, V)]
-            valid = [True] + [row + v * stride < n for v in range(1, V)]
-            residual_norm_rows(lambda r, k: gathered_pack(staging, r, H, T, W, k, sources[k]),
-                               block_rows, valid, H, T, residual, residual_out, weight, eps,
-                               flags, out, q, scale, FP8)
-    if E:
-        signal.end()
-    else:
-        signal.finish()
+        return
+    stride = dsl.num_blocks()
+    for row in range(dsl.block_id(), n, stride * V):
+        # rows past the end reread this block's first row (staged, in range) and store
+        # nothing: the bytes stored are those of V = 1
+        block_rows = [row] + [dsl.select(row + v * stride < n, row + v * stride, row)
+                              for v in range(1, V)]
+        valid = [True] + [row + v * stride < n for v in range(1, V)]
+        residual_norm_rows(lambda r, k: gathered_pack(staging, r, H, T, W, k, sources[k]),
+                           block_rows, valid, H, T, residual, residual_out, weight, eps,
+                           flags, out, q, scale, FP8)
 
 
 def shard_pack(inp, rank, row, j, H, T, W):
@@ -145,11 +164,11 @@ def fused_ar_rms_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residu
                         rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                         call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr,
                         FP8: constexpr, R: constexpr = 1, U: constexpr = 0,
-                        V: constexpr = 1, E: constexpr = 1):
-    # R: packs of a row read before any is stored (0: the whole row), per target; U, V, E:
-    # the module docstring
+                        V: constexpr = 1, E: constexpr = 1, S: constexpr = 0):
+    # R: packs of a row read before any is stored (0: the whole row), per target; U, V, E,
+    # S: the module docstring
     two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
-              residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8, R, U, V, E)
+              residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8, R, U, V, E, S)
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -160,10 +179,11 @@ def fused_ar_rms_2stage_runtime_h(inp: RegisteredPtrs["T"], staging: PeerPtrs["T
                                   hidden: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                                   call: dsl.CallId, T: constexpr, MAXH: constexpr,
                                   W: constexpr, FP8: constexpr, R: constexpr = 1,
-                                  U: constexpr = 0, V: constexpr = 1, E: constexpr = 1):
+                                  U: constexpr = 0, V: constexpr = 1, E: constexpr = 1,
+                                  S: constexpr = 0):
     two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
               residual_out, q, scale, rank, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W,
-              FP8, R, U, V, E)
+              FP8, R, U, V, E, S)
 
 
 def variants(target):
@@ -179,36 +199,41 @@ def _base_variants(target):
 def runtime_h_variants(target):
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
              **k} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS
-            for k in schedules(target, M, W)]
+            for k in schedules(target, M, W, runtime_h=True)]
 
 
-# sm_90 schedules: the default (U=0, V=1, E=1) and those the sweep compares; E = 0 with all
+# sm_90 schedules: the default (U=0, V=1, E=1) and those the sweep compares; E = 0 with all;
+# and stage 1 alone (S = 1) at U = SPLIT_UNROLL as fitted, for the gather launch after it
 SM90_SCHEDULES = ((4, 1), (2, 2), (4, 2))
+SPLIT_UNROLL = 4
 
 
-def fitted_schedule(H: int, W: int, U: int, V: int) -> tuple[int, int]:
+def fitted_schedule(H: int, W: int, U: int, V: int, runtime_h: bool = False) -> tuple[int, int]:
     """(U, V) cut to what fits sm_90's 128 registers per thread without spilling (from the
     build's resources): stage 1 holds U x W loaded packs (at most 16), stage 2 V rows of a
-    thread's packs (at most 6). W = 8 and bounds of more than 4 packs per thread (MAXH
-    16384) keep the default schedule: their other schedules spilled 8-104 bytes, and W = 8
-    cannot be measured on the one lent GPU."""
+    thread's packs (at most 6; at most 4 for a runtime-H bound, whose masks and shard owners
+    take registers too: MAXH 6144 at V = 2 spilled 80 bytes). W = 8 and bounds of more than 4
+    packs per thread (MAXH 16384) keep the default schedule: their other schedules spilled
+    8-104 bytes, and W = 8 cannot be measured on the one lent GPU."""
     per_thread = -(-H // (PACK * NORM_BLOCK))
     if per_thread > 4 or W > 4:
         return 0, 1
     while U > 1 and U * W > 16:
         U //= 2
-    return U, (V if V * per_thread <= 6 else 1)
+    return U, (V if V * per_thread <= (4 if runtime_h else 6) else 1)
 
 
-def schedules(target, H, W):
-    """The {U, V, E} a target builds for hidden size (or bound) H and world W: AMD targets
+def schedules(target, H, W, runtime_h=False):
+    """The {U, V, E, S} a target builds for hidden size (or bound, `runtime_h`) H and world W: AMD targets
     only the defaults (named nowhere, so their kernels are the ones the gfx1250 PR
     measured); sm_90 also `SM90_SCHEDULES` as fitted, the ones runtime/dispatch.py
     `FUSED_2STAGE` picks from and `bench_ar_rms.py` sweeps."""
     if not getattr(target, "is_nvidia", False):
         return [{}]
-    picks = {fitted_schedule(H, W, U, V) for U, V in SM90_SCHEDULES} - {(0, 1)}
-    return [{"U": 0, "V": 1, "E": 1}] + [{"U": U, "V": V, "E": 0} for U, V in sorted(picks)]
+    picks = {fitted_schedule(H, W, U, V, runtime_h) for U, V in SM90_SCHEDULES} - {(0, 1)}
+    split = {"U": fitted_schedule(H, W, SPLIT_UNROLL, 1, runtime_h)[0], "V": 1, "E": 0, "S": 1}
+    return ([{"U": 0, "V": 1, "E": 1}] + [{"U": U, "V": V, "E": 0} for U, V in sorted(picks)]
+            + [split])
 
 
 register("fused_ar_rms_2stage", fused_ar_rms_2stage, variants)

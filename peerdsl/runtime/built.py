@@ -23,7 +23,8 @@ from ..ops._rows import HIDDEN_MAX, HIDDEN_MIN, hidden_rule_error, runtime_class
 
 # the row kernels' runtime-H variants (op -> its runtime-H op)
 RUNTIME_H_OPS = {op: f"{op}_runtime_h" for op in (
-    "add_rmsnorm", "per_token_quant_fp8", "fused_ar_rms_1stage", "fused_ar_rms_2stage")}
+    "add_rmsnorm", "per_token_quant_fp8", "fused_ar_rms_1stage", "fused_ar_rms_2stage",
+    "fused_ar_rms_gather")}
 # the kernels behind the collective methods of runtime/collectives.py (W constexpr)
 COLLECTIVE_OPS = ("allreduce_ll", "allreduce_1stage", "allreduce_2stage", "allgather",
                   "null_collective", "fused_ar_rms_1stage", "fused_ar_rms_2stage",

@@ -338,15 +338,28 @@ class Collectives(CallIdentity):
         constexprs = {"T": T, rk.size_key: rk.size, "W": self.world, "FP8": self.fp8_format}
         if path == "fused_2stage":
             args["staging"] = self.staging_peers
-            constexprs.update(dispatch.fused_2stage_kernel(self.arch, self.world, rk.size))
+            constexprs.update(dispatch.fused_2stage_kernel(self.arch, self.world, rk.size,
+                                                                 rk.runtime_h))
         grid = max(1, min(rows, self.max_grid, layout.MAX_BLOCKS))
         self._launch(rk.name, constexprs, grid, args)
+        if constexprs.get("S"):  # stage 1 alone: the gather launch does stage 2
+            name, cx, gargs = self._gather_launch(hidden, T, args)
+            self._launch(name, cx, self._local_grid(rows), gargs, local=True)
         result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)
         if quant_after:
             q, scale = self.per_token_quant_fp8(result.out)
             result = NormResult(None, result.residual_out, q, scale,
                                 result.out if bf16_mirror else None)
         return result
+
+    def _gather_launch(self, hidden: int, T: Any, fused_args: dict) -> tuple[str, dict, dict]:
+        """(kernel, constexprs, arguments) of ops/fused_ar_rms_gather.py, the stage 2 that
+        follows a fused_ar_rms_2stage launch with S = 1 (`fused_args`: that launch's)."""
+        gk = self._row_kernel("fused_ar_rms_gather", hidden)
+        cx = {"T": T, gk.size_key: gk.size, "W": self.world, "FP8": self.fp8_format}
+        names = ("staging", "residual", "weight", "out", "residual_out", "q", "scale", "sig",
+                 "rank", "rows", "eps", "flags")
+        return gk.name, cx, {**{k: fused_args[k] for k in names}, **gk.args}
 
     # ------------------------------------------------------------------ prepared calls
     def prepare_fused_allreduce_rmsnorm(self, x, residual, weight, *args: Any,

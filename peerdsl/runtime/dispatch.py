@@ -95,7 +95,7 @@ _FORCED_ENV = "PEERDSL_FUSED_PATH"
 _AR_ENV = {"block": "PEERDSL_AR_BLOCK", "unroll": "PEERDSL_AR_UNROLL",
            "end_barrier": "PEERDSL_AR_END_BARRIER"}
 _FUSED_ENV = {"U": "PEERDSL_FUSED_UNROLL", "V": "PEERDSL_FUSED_ROWS",
-              "E": "PEERDSL_FUSED_END_BARRIER"}
+              "E": "PEERDSL_FUSED_END_BARRIER", "S": "PEERDSL_FUSED_SPLIT"}
 _ENV_NAMES = (*_ENV.values(), _FORCED_ENV, *_AR_ENV.values(), *_FUSED_ENV.values())
 # os.environ's own storage and its keys in that storage's form: one C-level dict lookup per
 # variable instead of os.environ.get's encode + Mapping.get (~1 us each, 7 per plan)
@@ -374,28 +374,35 @@ FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {"sm_90": {w: _SM90_FUSED f
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
 
 
-def fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
+def fused_2stage_kernel(arch: str, world: int, hidden: int,
+                        runtime_h: bool = False) -> dict[str, int]:
     """The constexprs beyond T, H/MAXH, W and FP8 of the fused two-stage kernel:
-    `FUSED_2STAGE`'s schedule, with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS and
-    PEERDSL_FUSED_END_BARRIER overriding U, V and E (a schedule that is not built fails at
-    launch, naming the built ones). `hidden` is the kernel's H (or MAXH): V is capped where
-    V rows would not fit the registers (ops/fused_ar_rms_2stage.py `fitted_schedule`)."""
-    return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, _env_key()),
-                   lambda: _fused_2stage_kernel(arch, world, hidden))
+    `FUSED_2STAGE`'s schedule, with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS,
+    PEERDSL_FUSED_END_BARRIER and PEERDSL_FUSED_SPLIT overriding U, V, E and S (a schedule
+    that is not built fails at launch, naming the built ones). S = 1: the kernel does stage
+    1 only and the caller launches ops/fused_ar_rms_gather.py after it. `hidden` is the kernel's H (or MAXH, `runtime_h`): V is
+    capped where V rows would not fit the registers (ops/fused_ar_rms_2stage.py
+    `fitted_schedule`)."""
+    return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, _env_key()),
+                   lambda: _fused_2stage_kernel(arch, world, hidden, runtime_h))
 
 
-def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
+def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import fitted_schedule
     cx = dict(FUSED_2STAGE.get(arch, {}).get(world, {}))
     if cx:
-        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"])
-        if (cx["U"], cx["V"]) == (0, 1):
+        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"], runtime_h)
+        if (cx["U"], cx["V"]) == (0, 1) and not cx.get("S"):
             cx["E"] = 1  # the default schedule, built with its end barrier
     for field, value in _env_ints(_FUSED_ENV).items():
         name, low = _FUSED_ENV[field], 1 if field == "V" else 0
-        if value < low or field == "E" and value > 1:
-            raise ValueError(f"{name}={value} must be {'0 or 1' if field == 'E' else f'>= {low}'}")
+        flag = field in ("E", "S")
+        if value < low or flag and value > 1:
+            raise ValueError(f"{name}={value} must be {'0 or 1' if flag else f'>= {low}'}")
         cx[field] = value
-    if cx:  # a partial override of a target without an entry: the kernel's defaults
-        cx = {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}
-    return cx
+    if not cx:
+        return cx
+    # a partial override of a target without an entry: the kernel's defaults
+    if cx.get("S"):  # stage 1 alone: built with V = 1 and no end barrier
+        return {"U": cx.get("U", 0), "V": 1, "E": 0, "S": 1}
+    return {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}

@@ -111,10 +111,15 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
                           **rk.args)
         if path == "fused_2stage":
             fused_args["staging"] = comm.staging_peers
-            cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size))
+            cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size,
+                                                        rk.runtime_h))
         grid = max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))
         actions.append(("collective", b.launch(name, cx, grid, fused_args),
                         call_key(op, call_args, kwargs, name, cx, comm.world), b.check(name)))
+        if cx.get("S"):  # stage 1 alone: the gather launch does stage 2
+            g_name, g_cx, g_args = comm._gather_launch(hidden, T, fused_args)
+            actions.append(("local", b.launch(g_name, g_cx, comm._local_grid(rows), g_args,
+                                              local=True)))
         if quant_after:
             q_v, q_t = b.output(None, shape, torch.int8)
             s_v, s_t = b.output(None, (rows, 1), torch.float32)
