@@ -62,16 +62,25 @@ def test_amd_targets_build_the_default_schedule_only(arch):
             assert not {"U", "V", "E"} & set(v), (arch, op, v)
 
 
-def test_sm90_builds_every_schedule_dispatch_picks():
+@pytest.mark.parametrize("split", [None, "0", "1"])
+def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
+    """What dispatch asks for picks exactly one built variant, as the manifest's lookup
+    matches (every key the query names, equal), with and without PEERDSL_FUSED_SPLIT."""
+    if split is not None:
+        monkeypatch.setenv("PEERDSL_FUSED_SPLIT", split)
     ops = load_all()
     for op, key in (("fused_ar_rms_2stage", "H"), ("fused_ar_rms_2stage_runtime_h", "MAXH")):
-        built = {(v[key], v["W"], v["U"], v["V"], v["E"])
-                 for v in ops[op].variants(get_target("sm_90"))}
-        for size, world, *_ in built:
+        built = [v for v in ops[op].variants(get_target("sm_90")) if str(v["T"]) == "bf16"]
+        assert len(built) > 20
+        for size, world in {(v[key], v["W"]) for v in built}:
             cx = dispatch.fused_2stage_kernel("sm_90", world, size, key == "MAXH")
-            assert (size, world, cx["U"], cx["V"], cx["E"]) in built
+            query = {key: size, "W": world, **cx}
+            hits = [v for v in built if all(k in v and v[k] == q for k, q in query.items())]
+            assert len(hits) == 1, (op, query, hits)
+            assert hits[0].get("S", 0) == int(split or 0)
+    monkeypatch.delenv("PEERDSL_FUSED_SPLIT", raising=False)
     assert dispatch.fused_2stage_kernel("sm_90", 4, 8192)["V"] == 1  # two rows would spill
-    assert dispatch.fused_2stage_kernel("sm_90", 8, 6144) == {"U": 0, "V": 1, "E": 1}
+    assert dispatch.fused_2stage_kernel("sm_90", 8, 6144) == {"U": 0, "V": 1, "E": 1, "S": 0}
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144)["V"] == 2
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, runtime_h=True)["V"] == 1
     assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["V"] == 2

@@ -232,8 +232,9 @@ def schedules(target, H, W, runtime_h=False):
         return [{}]
     picks = {fitted_schedule(H, W, U, V, runtime_h) for U, V in SM90_SCHEDULES} - {(0, 1)}
     split = {"U": fitted_schedule(H, W, SPLIT_UNROLL, 1, runtime_h)[0], "V": 1, "E": 0, "S": 1}
-    return ([{"U": 0, "V": 1, "E": 1}] + [{"U": U, "V": V, "E": 0} for U, V in sorted(picks)]
-            + [split])
+    # S named in every schedule: a lookup that names S = 0 must not also match the split one
+    return ([{"U": 0, "V": 1, "E": 1, "S": 0}]
+            + [{"U": U, "V": V, "E": 0, "S": 0} for U, V in sorted(picks)] + [split])
 
 
 register("fused_ar_rms_2stage", fused_ar_rms_2stage, variants)

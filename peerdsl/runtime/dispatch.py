@@ -390,6 +390,7 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int,
 def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import fitted_schedule
     cx = dict(FUSED_2STAGE.get(arch, {}).get(world, {}))
+    named_split = bool(cx) or "S" in _env_ints(_FUSED_ENV)  # a build whose schedules name S
     if cx:
         cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"], runtime_h)
         if (cx["U"], cx["V"]) == (0, 1) and not cx.get("S"):
@@ -405,4 +406,5 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) ->
     # a partial override of a target without an entry: the kernel's defaults
     if cx.get("S"):  # stage 1 alone: built with V = 1 and no end barrier
         return {"U": cx.get("U", 0), "V": 1, "E": 0, "S": 1}
-    return {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}
+    plan = {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}
+    return {**plan, "S": 0} if named_split else plan
