@@ -167,6 +167,7 @@ class Kernel:
     block_size: int
     constexprs: dict[str, Any]
     shared: list[Op]  # smem ops, hoisted to kernel scope
+    min_blocks: int | None = None  # blocks per multiprocessor it must fit (dsl.kernel)
 
     def walk(self) -> Iterator[Op]:
         yield from self.shared
@@ -206,7 +207,8 @@ def print_kernel(kernel: Kernel, with_locs: bool = False) -> str:
     params = ", ".join(f"{name(p.value)}: {p.type} {p.name}" + (f" [{p.role}]" if p.role else "")
                        for p in kernel.params)
     consts = ", ".join(f"{k}={v!r}" for k, v in sorted(kernel.constexprs.items()))
-    lines.append(f"kernel {kernel.name}({params}) block={kernel.block_size} [{consts}] {{")
+    fit = f" min_blocks={kernel.min_blocks}" if kernel.min_blocks else ""
+    lines.append(f"kernel {kernel.name}({params}) block={kernel.block_size}{fit} [{consts}] {{")
     for op in kernel.shared:
         lines.append("  " + _print_op(op, name, 1, with_locs))
     _print_block(kernel.body, name, 1, lines, with_locs)

@@ -132,10 +132,11 @@ class RegisteredTable(PeerTable):
 class Kernel:
     """A DSL kernel. `trace(**constexprs)` gives its IR; lowering and the simulator take that."""
 
-    def __init__(self, fn: Callable, block_size: int | str):
+    def __init__(self, fn: Callable, block_size: int | str, min_blocks: int | str | None = None):
         self.fn = fn
         self.name = fn.__name__
         self.block_size = block_size
+        self.min_blocks = min_blocks
         self.signature = inspect.signature(fn, eval_str=True)  # resolves `from __future__ import annotations`
         self.constexpr_names = [n for n, p in self.signature.parameters.items()
                                 if p.annotation is constexpr or p.annotation == "constexpr"]
@@ -177,8 +178,20 @@ class Kernel:
                              "in [32, 1024]")
         return bs
 
+    def _resolve_min_blocks(self, constexprs: dict[str, Any], block_size: int) -> int | None:
+        m = self.min_blocks
+        if isinstance(m, str):
+            m = constexprs[m]
+        if m in (None, 0):
+            return None
+        if not isinstance(m, int) or m < 1 or m * block_size > 2048:
+            raise TraceError(f"kernel {self.name}: min_blocks {m!r} must be an int >= 1 with "
+                             f"min_blocks x block size ({block_size}) <= 2048 threads per SM")
+        return m
+
     def _trace(self, constexprs: dict[str, Any]) -> ir.Kernel:
         block_size = self._resolve_block_size(constexprs)
+        min_blocks = self._resolve_min_blocks(constexprs, block_size)
         body = ir.Block()
         params: list[ir.Param] = []
         call_args: dict[str, Any] = {}
@@ -229,7 +242,8 @@ class Kernel:
                 raise TraceError(f"kernel {self.name} makes a Signal but never calls end() or "
                                  "finish(): its block epochs would not advance, and the next "
                                  "kernel's barriers would pass at once")
-        return ir.Kernel(self.name, params, body, block_size, dict(constexprs), shared)
+        return ir.Kernel(self.name, params, body, block_size, dict(constexprs), shared,
+                         min_blocks)
 
     def instance_name(self, **constexprs: Any) -> str:
         """A symbol that names this specialization (the same on every target)."""
@@ -239,8 +253,13 @@ class Kernel:
         return f"{self.name}_{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
-def kernel(fn: Callable | None = None, *, block_size: int | str = 256):
-    """Decorate a kernel function. `block_size` is an int or the name of a constexpr param."""
+def kernel(fn: Callable | None = None, *, block_size: int | str = 256,
+           min_blocks: int | str | None = None):
+    """Decorate a kernel function. `block_size` is an int or the name of a constexpr param.
+    `min_blocks` (an int, a constexpr's name, or None/0 for the target's default) is how many
+    blocks per multiprocessor the kernel must fit: on NVIDIA the register cap becomes
+    64K / (min_blocks x block_size) (the default leaves 128 per thread); AMD targets size
+    their waves from the VGPRs the kernel needs and ignore it."""
     if fn is None:
-        return lambda f: Kernel(f, block_size)
-    return Kernel(fn, block_size)
+        return lambda f: Kernel(f, block_size, min_blocks)
+    return Kernel(fn, block_size, min_blocks)

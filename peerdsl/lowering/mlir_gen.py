@@ -139,8 +139,9 @@ class _Gen(OpsMixin):
         # The launch bound lets the register allocator use the budget of the real block size.
         # On NVIDIA, .maxntid alone makes ptxas aim at 3 blocks per SM (80 registers at 256
         # threads) and spill in the big fused kernels; .minnctapersm says how many blocks we
-        # need, leaving each thread at least 128 registers (or all the block size allows).
-        min_blocks = max(1, 65536 // (128 * bs))
+        # need, leaving each thread at least 128 registers (or all the block size allows),
+        # unless the kernel asks for more blocks (dsl.kernel min_blocks).
+        min_blocks = k.min_blocks or max(1, 65536 // (128 * bs))
         attr = (f'rocdl.flat_work_group_size = "{bs},{bs}"' if self.t.is_amd
                 else f"nvvm.maxntid = array<i32: {bs}, 1, 1>, nvvm.minctasm = {min_blocks} : i32")
         self.lines.append(f"    gpu.func @{self.symbol}({', '.join(params)}) kernel "

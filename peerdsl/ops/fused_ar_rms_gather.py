@@ -31,32 +31,45 @@ def gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, ran
                      H, W, FP8, R, 1, sources)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size=NORM_BLOCK, min_blocks="M")
 def fused_ar_rms_gather(staging: PeerPtrs["T"], residual: Ptr["T"], weight: Ptr["T"],
                         out: Ptr["T"], residual_out: Ptr["T"], q: Ptr[dsl.i8],
                         scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
                         rows: dsl.i32, eps: dsl.f32, flags: dsl.i32, T: constexpr,
-                        H: constexpr, W: constexpr, FP8: constexpr, R: constexpr = 1):
-    # R: packs of a row read before any is stored (0: the whole row), per target
+                        H: constexpr, W: constexpr, FP8: constexpr, R: constexpr = 1,
+                        M: constexpr = 0):
+    # R: packs of a row read before any is stored (0: the whole row), per target; M: the
+    # blocks per SM it must fit (0: the target's default), variants()
     gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, rank, rows, eps,
                 flags, T, H, W, FP8, R)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size=NORM_BLOCK, min_blocks="M")
 def fused_ar_rms_gather_runtime_h(staging: PeerPtrs["T"], residual: Ptr["T"],
                                   weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                                   q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                                   rank: dsl.i32, rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32,
                                   flags: dsl.i32, T: constexpr, MAXH: constexpr,
-                                  W: constexpr, FP8: constexpr, R: constexpr = 1):
+                                  W: constexpr, FP8: constexpr, R: constexpr = 1,
+                                  M: constexpr = 0):
     gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, rank, rows, eps,
                 flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
+
+
+def fitted_blocks(H: int) -> int:
+    """M: 3 blocks per SM where a thread holds at most 2 packs of a row (H or MAXH <= 4096):
+    ptxas then fits the kernel in 80 registers with no spill, where by default it took
+    85-104 and so 2 blocks (25% occupancy; add_rmsnorm at 2880 has 79 and 3 blocks: the
+    gather ran 1.3x slower with the same bytes, Nsight Compute on the H200, RESULTS.md).
+    With 3 packs the cap spilled 12-106 bytes: the default (0) there."""
+    return 3 if -(-H // (PACK * NORM_BLOCK)) <= 2 else 0
 
 
 def variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
-    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             "M": fitted_blocks(H)}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
             if (H // PACK) % W == 0]
 
@@ -64,7 +77,8 @@ def variants(target):
 def runtime_h_variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
-    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
+    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             "M": fitted_blocks(M)}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 
