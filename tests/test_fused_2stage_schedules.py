@@ -77,13 +77,15 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
             query = {key: size, "W": world, **cx}
             hits = [v for v in built if all(k in v and v[k] == q for k, q in query.items())]
             assert len(hits) == 1, (op, query, hits)
-            assert hits[0].get("S", 0) == int(split or 0)
+            want = (int(split) if split is not None
+                    else dispatch.fused_2stage_splits("sm_90", world, size))
+            assert hits[0].get("S", 0) == want
     monkeypatch.delenv("PEERDSL_FUSED_SPLIT", raising=False)
     assert dispatch.fused_2stage_kernel("sm_90", 4, 8192)["V"] == 1  # two rows would spill
     assert dispatch.fused_2stage_kernel("sm_90", 8, 6144) == {"U": 0, "V": 1, "E": 1, "S": 0}
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144)["V"] == 2
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, runtime_h=True)["V"] == 1
-    assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["V"] == 2
+    assert dispatch.fused_2stage_kernel("sm_90", 8, 4096, runtime_h=True)["V"] == 1
 
 
 @pytest.mark.parametrize("W", [2, 4, 8])
@@ -198,3 +200,25 @@ def test_gather_reads_nothing_while_the_error_record_is_set(error_set):
 
     written = peerdsl.sim.run(world, body, seed=2, target="sm_90")
     assert written == [[not error_set] * 2] * world
+
+
+def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
+    """H <= 4096: the split schedule, at TP4 from 2 MiB (the two-stage threshold) and at TP2
+    from 4 MiB; H = 6144 keeps the one-launch schedule at TP4 and the one-stage kernel at
+    TP2; W = 8 never splits (not measured)."""
+    def plan(world, rows, hidden):
+        path = dispatch.plan_fused_ar_rms("sm_90", world, rows, hidden, torch.bfloat16)
+        cx = dispatch.fused_2stage_kernel("sm_90", world, hidden) if path == "fused_2stage" else {}
+        return path, cx.get("S")
+    assert plan(4, 4096, 2880) == ("fused_2stage", 1)
+    assert plan(4, 384, 2880) == ("fused_2stage", 1)
+    assert plan(4, 256, 2880) == ("fused_1stage", None)
+    assert plan(4, 4096, 6144) == ("fused_2stage", 0)
+    assert plan(2, 4096, 2880) == ("fused_2stage", 1)
+    assert plan(2, 1024, 2880) == ("fused_2stage", 1)
+    assert plan(2, 384, 2880) == ("fused_1stage", None)
+    assert plan(2, 2048, 6144) == ("fused_1stage", None)
+    assert plan(8, 4096, 2880) == ("fused_2stage", 0)
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["S"] == 1  # 2880
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, runtime_h=True)["S"] == 0  # 5120
+    assert dispatch.plan_fused_ar_rms("gfx1250", 2, 4096, 2880, torch.bfloat16) == "fused_1stage"

@@ -10,10 +10,13 @@ H=6144 one row 10.5 vs 12.3 us), so sm_90's fused LL range is empty; and the one
 kernel beat the two-stage one up to 256 rows at TP4 (H=6144: 9.5 vs 11.7 us at 16 rows, 29.5
 vs 32.9 at 256; H=8192 likewise), and on 2026-12-03 it also won from 384 to 4096 rows in two
 runs (TP4 H=6144: 40.1 vs 44.1 us at 384 rows, 87.9 vs 97.9 at 1024, 311.7 vs 342.3 at 4096).
-Then the two-stage kernel got its sm_90 schedules (`FUSED_2STAGE` below: more shard packs
-and rows in flight), and in call F1 it won at TP4 from 2 MiB (H 2880/6144/8192), so sm_90's
-fused entry takes it from there, H = 2880 included (`fused_two_stage_min_hidden`). Every threshold has a
-`PEERDSL_*` environment override, read at each call.
+Then the two-stage kernel got its sm_90 schedules (runtime/kernel_variants.py
+`FUSED_2STAGE`: more shard packs and rows in flight), and in call F1 it won at TP4 from
+2 MiB (H 2880/6144/8192), so sm_90's fused entry takes it from there, H = 2880 included
+(`fused_two_stage_min_hidden`). Up to H = 4096 its schedule is split (stage 1, then a
+gather launch of its own grid), which in call G4 also won at TP2 from 1024 rows (H = 2880),
+so there the fused entry takes it from 4 MiB (`fused_split_min_bytes`). Every threshold has
+a `PEERDSL_*` environment override, read at each call.
 
 The one- and two-stage all-reduce kernels also come in variants (ops/_collective.py
 `ar_variants`): B threads per block, U packs per thread per iteration, and for the two-stage
@@ -53,6 +56,9 @@ class Thresholds:
     fused_two_stage_min_bytes: int = 0  # below it the fused entry takes the one-stage kernel
     fused_two_stage_min_hidden: int | None = None  # None: two_stage_min_hidden
     two_stage_min_bytes: int = 0  # below it the plain all-reduce takes the one-stage kernel
+    # below two_stage_min_world: the fused entry takes the two-stage kernel from these bytes
+    # where its schedule splits (FUSED_2STAGE split_max_hidden); None: never
+    fused_split_min_bytes: int | None = None
 
     @property
     def fused_ll_cap(self) -> int:
@@ -74,7 +80,7 @@ TABLES = {
     # 38.2; 4096: 372.0 vs 404.7), and lost below (6144 at 64 rows: 14.3 vs 13.1)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=2 * MiB, fused_two_stage_min_hidden=2048,
-                        two_stage_min_bytes=32 * MiB),
+                        two_stage_min_bytes=32 * MiB, fused_split_min_bytes=4 * MiB),
 }
 
 _ENV = {
@@ -88,6 +94,7 @@ _ENV = {
     "fused_two_stage_min_bytes": "PEERDSL_FUSED_TWO_STAGE_MIN_BYTES",
     "fused_two_stage_min_hidden": "PEERDSL_FUSED_TWO_STAGE_MIN_HIDDEN",
     "two_stage_min_bytes": "PEERDSL_TWO_STAGE_MIN_BYTES",
+    "fused_split_min_bytes": "PEERDSL_FUSED_SPLIT_MIN_BYTES",
 }
 
 
@@ -224,6 +231,10 @@ def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8
     elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(
             t, world, hidden, nbytes, t.fused_two_stage_min_hidden):
         plan = "fused_2stage"
+    elif (t.fused_split_min_bytes is not None and nbytes >= t.fused_split_min_bytes
+          and fused_2stage_splits(arch, world, hidden)
+          and _staging_fits(t, world, hidden // 8, nbytes)):
+        plan = "fused_2stage"
     else:
         plan = "fused_1stage"
     if forced:
@@ -295,116 +306,6 @@ def check_qk_norm(arch: str) -> None:
             "it yet; call all_reduce() followed by the norm instead")
 
 
-# ----------------------------------------------------------------------------- AR variants
-
-@dataclasses.dataclass(frozen=True)
-class ArKernel:
-    """A target's variant of the one- or two-stage all-reduce kernel for one world size."""
-    block: int             # B: threads per block
-    max_unroll: int        # U: packs per thread per iteration, at most this (see ar_kernel)
-    end_barrier: int = 1   # E: the two-stage kernel's end barrier (1) or none (0)
-
-
-UNROLLS = (1, 2, 4)  # the U values built (ops/_collective.py AR_UNROLLS)
-
-# Provisional sm_90 choices, from the hypothesis that these kernels were latency-bound (too
-# few bytes in flight: 256 threads x W packs per SM at TP4) until the sweep
-# (`benchmarks/bench_ar_rms.py --ar-variants`) measures them. Each keeps >= 2 blocks per SM
-# at the registers ptxas gives it (ops/_collective.py), so the blocks of every rank sharing
-# the GPU fit with slack (one block per SM per rank is what the grid cap launches; an exact
-# fit timed out under MPS, benchmarks/RESULTS.md). E = 0: vLLM's two-stage kernel has no end
-# barrier either (ops/allreduce_2stage.py says why that is safe).
-_SM90_AR = {2: ArKernel(512, 4), 4: ArKernel(256, 4), 8: ArKernel(256, 2)}
-AR_KERNELS: dict[str, dict[str, dict[int, ArKernel]]] = {
-    "sm_90": {"1stage": _SM90_AR,
-              "2stage": {w: dataclasses.replace(k, end_barrier=0) for w, k in _SM90_AR.items()}},
-}
-_AR_KERNEL_PLANS: dict[tuple, Any] = {}
-
-
-def ar_kernel(arch: str, path: str, world: int, work_packs: int,
-              max_grid: int) -> tuple[dict[str, int], int]:
-    """(constexprs beyond T and W, packs one block covers per iteration) of the `path`
-    ("1stage" | "2stage") all-reduce kernel for `work_packs` packs per grid (the two-stage
-    kernel's shard) with at most `max_grid` blocks.
-
-    U is the smallest built unroll whose grid of max_grid blocks covers the work in one
-    iteration, at most the table's max_unroll: small inputs spread over the grid first,
-    large ones get U * W loads in flight per thread. PEERDSL_AR_BLOCK, PEERDSL_AR_UNROLL and
-    PEERDSL_AR_END_BARRIER override B, U and E on any target (a variant that is not built
-    fails at launch, naming the built ones)."""
-    key = (arch, path, world, work_packs, max_grid, _env_key())
-    return _cached(_AR_KERNEL_PLANS, key, lambda: _ar_kernel(arch, path, world, work_packs,
-                                                             max_grid))
-
-
-def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
-               max_grid: int) -> tuple[dict[str, int], int]:
-    if path not in ("1stage", "2stage"):
-        raise ValueError(f"ar_kernel path {path!r} is not '1stage' or '2stage'")
-    env = _env_ints(_AR_ENV)
-    if "end_barrier" in env and env["end_barrier"] not in (0, 1):
-        raise ValueError(f"PEERDSL_AR_END_BARRIER={env['end_barrier']} must be 0 or 1")
-    if "unroll" in env and env["unroll"] < 1 or "block" in env and env["block"] < 32:
-        raise ValueError(f"PEERDSL_AR_UNROLL must be >= 1 and PEERDSL_AR_BLOCK >= 32, got "
-                         f"{env}")
-    table = AR_KERNELS.get(arch, {}).get(path, {}).get(world)
-    if table is None and not env:
-        return {}, 256  # the build's one {T, W} variant
-    base = table or ArKernel(256, 1)
-    block = env.get("block", base.block)
-    unroll = env.get("unroll")
-    if unroll is None:
-        need = -(-work_packs // (block * max(1, max_grid)))
-        fits = [u for u in UNROLLS if u >= need and u <= base.max_unroll]
-        unroll = fits[0] if fits else base.max_unroll
-    cx = {"U": unroll, "B": block}
-    if path == "2stage":
-        cx["E"] = env.get("end_barrier", base.end_barrier)
-    return cx, block * unroll
-
-
-# The fused two-stage kernel's schedule per target and world size (ops/fused_ar_rms_2stage.py
-# U, V, E); targets without an entry launch the build's default schedule. sm_90: U = 4 shard
-# packs and V = 2 rows per thread in flight, no end barrier (fitted: V = 1 at H = 8192), the
-# fastest or within 2% of it at every TP4 row count from 256 in call F1 (RESULTS.md), e.g.
-# 6144 x 4096 rows 274.6 us against 347.3 for the default schedule.
-_SM90_FUSED = {"U": 4, "V": 2, "E": 0}
-FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {"sm_90": {w: _SM90_FUSED for w in (2, 4, 8)}}
-_FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
-
-
-def fused_2stage_kernel(arch: str, world: int, hidden: int,
-                        runtime_h: bool = False) -> dict[str, int]:
-    """The constexprs beyond T, H/MAXH, W and FP8 of the fused two-stage kernel:
-    `FUSED_2STAGE`'s schedule, with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS,
-    PEERDSL_FUSED_END_BARRIER and PEERDSL_FUSED_SPLIT overriding U, V, E and S (a schedule
-    that is not built fails at launch, naming the built ones). S = 1: the kernel does stage
-    1 only and the caller launches ops/fused_ar_rms_gather.py after it. `hidden` is the kernel's H (or MAXH, `runtime_h`): V is
-    capped where V rows would not fit the registers (ops/fused_ar_rms_2stage.py
-    `fitted_schedule`)."""
-    return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, _env_key()),
-                   lambda: _fused_2stage_kernel(arch, world, hidden, runtime_h))
-
-
-def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) -> dict[str, int]:
-    from ..ops.fused_ar_rms_2stage import fitted_schedule
-    cx = dict(FUSED_2STAGE.get(arch, {}).get(world, {}))
-    named_split = bool(cx) or "S" in _env_ints(_FUSED_ENV)  # a build whose schedules name S
-    if cx:
-        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"], runtime_h)
-        if (cx["U"], cx["V"]) == (0, 1) and not cx.get("S"):
-            cx["E"] = 1  # the default schedule, built with its end barrier
-    for field, value in _env_ints(_FUSED_ENV).items():
-        name, low = _FUSED_ENV[field], 1 if field == "V" else 0
-        flag = field in ("E", "S")
-        if value < low or flag and value > 1:
-            raise ValueError(f"{name}={value} must be {'0 or 1' if flag else f'>= {low}'}")
-        cx[field] = value
-    if not cx:
-        return cx
-    # a partial override of a target without an entry: the kernel's defaults
-    if cx.get("S"):  # stage 1 alone: built with V = 1 and no end barrier
-        return {"U": cx.get("U", 0), "V": 1, "E": 0, "S": 1}
-    plan = {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}
-    return {**plan, "S": 0} if named_split else plan
+# the kernel-variant tables and choices (runtime/kernel_variants.py), re-exported
+from .kernel_variants import (AR_KERNELS, FUSED_2STAGE, UNROLLS, ArKernel,  # noqa: E402
+                              ar_kernel, fused_2stage_kernel, fused_2stage_splits)
