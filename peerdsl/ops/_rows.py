@@ -317,7 +317,8 @@ def rmsnorm_epilogue(s: list, row: Any, H: Hidden, T: Any, weight: Any, eps: Any
 
 def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: Any, residual: Any,
                       residual_out: Any, weight: Any, eps: Any, flags: Any, out: Any, q: Any,
-                      scale: Any, fmt: str, ahead: int = 1) -> None:
+                      scale: Any, fmt: str, ahead: int = 1,
+                      clamped_ahead: int = CLAMPED_AHEAD) -> None:
     """Given `ar_pack(k)`, which reads this thread's k-th all-reduced pack of the row (f32 of
     T values) at its index `read_index(H, k)`: add the residual, write residual_out, and run
     the RMSNorm epilogue. Every norm kernel ends a row here. ar_pack is called only for
@@ -330,16 +331,16 @@ def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: An
     at a time (one pack's inputs, W peers' packs in the fused kernels, in registers at
     once); k > 1 reads k packs at a time and 0 the whole row, so their loads are in flight
     together (more registers, far less waiting where each block has few warps); where H
-    clamps its reads, at most CLAMPED_AHEAD. The values, and so the bytes, are the same
-    either way."""
+    clamps its reads, at most `clamped_ahead` (a caller whose ar_pack reads one pack, not
+    W peers', may allow more). The values, and so the bytes, are the same either way."""
     packs, per_thread = row_geometry(H)
     res = base_packs(residual, T)
     group = per_thread if ahead == 0 else ahead
-    if clamps_reads(H) and min(group, per_thread) > CLAMPED_AHEAD:
+    if clamps_reads(H) and min(group, per_thread) > clamped_ahead:
         # the clamped reads of 4 slots at once spilled (the fused kernels, 16-112 bytes under
         # sm_90's 128 registers); 3 (a MAXH 6144 row, whole) did not. Past that, 3 at a time
         # and the weights read as each output is written, not ahead
-        group = ahead = CLAMPED_AHEAD
+        group = ahead = clamped_ahead
     s = []
     for first in range(0, per_thread, group):
         ks = list(range(first, min(first + group, per_thread)))
