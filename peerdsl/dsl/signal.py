@@ -28,7 +28,7 @@ from . import ir
 from .builder import TraceError, state, user_location
 from .intrinsics import block_id, select, shared_array, thread_id
 from .kernel import PeerTable
-from .memory import atomic_cas, barrier, load, store
+from .memory import atomic_cas, barrier, load, load_run, store
 from .values import Pointer, Scalar, _compare, as_scalar, declare_own_rank
 
 
@@ -172,9 +172,8 @@ class Signal:
         has passed)."""
         ok = self._sticky == 0
         if k > 0:
-            oks = self._oks + (k & 1) * layout.MAX_RANKS
-            for r in range(self.world):
-                ok = ok & (load(oks + r) != 0)
+            for flag in load_run(self._oks + (k & 1) * layout.MAX_RANKS, self.world):
+                ok = ok & (flag != 0)
         return ok
 
     def _barrier(self, what: int) -> None:

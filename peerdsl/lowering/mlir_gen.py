@@ -144,6 +144,11 @@ class _Gen(OpsMixin):
         min_blocks = k.min_blocks or max(1, 65536 // (128 * bs))
         attr = (f'rocdl.flat_work_group_size = "{bs},{bs}"' if self.t.is_amd
                 else f"nvvm.maxntid = array<i32: {bs}, 1, 1>, nvvm.minctasm = {min_blocks} : i32")
+        if not self.t.auto_vectorize:
+            # LLVM's documented switch for "no vectorizing of scalar code" (SLP and the
+            # load/store vectorizer): see targets.py auto_vectorize. (convert-gpu-to-rocdl
+            # keeps an `llvm.`-prefixed attribute and passes it to the llvm.func.)
+            attr = 'llvm.passthrough = ["noimplicitfloat"], ' + attr
         self.lines.append(f"    gpu.func @{self.symbol}({', '.join(params)}) kernel "
                           f"attributes {{{attr}}} {{")
         self.depth = 3

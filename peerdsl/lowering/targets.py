@@ -32,6 +32,14 @@ class Target:
     # sm_90 reads 4 packs (the whole row up to H = 8192) ahead: more than 4 of 8 spills at
     # H = 16384 under its 128-register cap. A build variant (constexpr R), one per target.
     row_reads_ahead: int = 1
+    # Whether LLVM may turn scalar code into vector code (SLP: f32 pairs as v_pk_*_f32).
+    # On gfx1250 the pairing costs registers where many 16-byte loads are in flight: SLP
+    # places the f32 unpacks of all W peer packs ahead of each pair's rank-order adds, so
+    # the fused one-stage kernel's first schedule overshoots 64 VGPRs (16 waves) and the
+    # scheduler then settles for fewer waves: 88-112 VGPRs at W=8 against the HIP
+    # reference's 58-76; scalar, 51-67 and the same loads in flight. Wide loads the DSL
+    # wants are explicit vectors (dsl/memory.py load_run), not left to LLVM to merge.
+    auto_vectorize: bool = True
 
     @property
     def is_amd(self) -> bool:
@@ -55,12 +63,14 @@ _AMD_SCOPES = (("wave", "wavefront"), ("workgroup", "workgroup"), ("agent", "age
 _NV_SCOPES = (("wave", "block"), ("workgroup", "block"), ("agent", "device"), ("system", ""))
 
 
-def _amd(arch: str, wave: int, fp8: str, mach: int, av: bool = False) -> Target:
-    return Target(arch, "amd", wave, fp8, "hsaco", ".s", mach, _AMD_SCOPES, 10, av)
+def _amd(arch: str, wave: int, fp8: str, mach: int, av: bool = False,
+         vectorize: bool = True) -> Target:
+    return Target(arch, "amd", wave, fp8, "hsaco", ".s", mach, _AMD_SCOPES, 10, av,
+                  auto_vectorize=vectorize)
 
 
 TARGETS: dict[str, Target] = {
-    "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49, av=True),
+    "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49, av=True, vectorize=False),
     "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
     "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1,

@@ -256,13 +256,13 @@ def overflow_safe_inv(s: list, H: Hidden, eps: Any) -> Any:
     return dsl.rsqrt(total / hidden_f32(H) + (eps * p) * p) * p
 
 
-def normed_pack(s_k: list, weight: Any, k: int, T: Any, inv: Any, gemma: Any,
+def normed_pack(s_k: list, weight: Any, k: int, T: Any, inv: Any, w_add: Any,
                 w: "list | None" = None) -> list:
-    """(s * inv) * w for this thread's k-th pack (w + 1 with gemma), as f32; `w` the weight
-    pack when it was read already, else it is read here."""
+    """(s * inv) * (w + w_add) for this thread's k-th pack, as f32 (w_add: 1 with gemma, else
+    -0.0); `w` the weight pack when it was read already, else it is read here."""
     if w is None:
         w = base_packs(weight, T)[pack_index(k)].to_f32()
-    return [(v * inv) * dsl.select(gemma, wj + 1.0, wj) for v, wj in zip(s_k, w)]
+    return [(v * inv) * (wj + w_add) for v, wj in zip(s_k, w)]
 
 
 def weight_packs(weight: Any, H: Hidden, T: Any) -> list:
@@ -301,17 +301,19 @@ def rmsnorm_epilogue(s: list, row: Any, H: Hidden, T: Any, weight: Any, eps: Any
     # a NaN makes the sum NaN and the outputs NaN on the common path, as torch's.
     if total == INF:
         inv = overflow_safe_inv(s, H, eps)
-    gemma = (flags & FLAG_GEMMA) != 0
+    # -0.0 gives every w back exactly (-0.0 too): one add of a uniform value, where a select
+    # of w + 1 and w held both in registers
+    w_add = dsl.select((flags & FLAG_GEMMA) != 0, 1.0, -0.0)
     fp8 = (flags & FLAG_FP8) != 0
     if (not fp8) or ((flags & FLAG_MIRROR) != 0):
         vec = base_packs(out, T)
         for k in range(per_thread):
             if pack_valid(H, k):
                 vec[row * packs + pack_index(k)] = dsl.pack_rne(
-                    normed_pack(s[k], weight, k, T, inv, gemma, w[k]), T)
+                    normed_pack(s[k], weight, k, T, inv, w_add, w[k]), T)
     if fp8:
         quant_row_fp8(lambda k: [v.to(T).to_f32() for v in normed_pack(s[k], weight, k, T, inv,
-                                                                      gemma, w[k])],
+                                                                      w_add, w[k])],
                       row, H, q, scale, fmt)
 
 
