@@ -28,8 +28,8 @@ after every rank's gather on its stream.
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    pack_index, read_index, residual_norm_row, residual_norm_rows,
+from ._rows import (CLAMPED_AHEAD, NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN,
+                    RuntimeHidden, pack_index, read_index, residual_norm_row, residual_norm_rows,
                     row_geometry)
 from .registry import register
 
@@ -89,14 +89,15 @@ def shard_sources(H, W):
 
 
 def gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, eps, flags,
-                     T, H, W, FP8, R, V, sources):
+                     T, H, W, FP8, R, V, sources, clamped_ahead=CLAMPED_AHEAD):
     """Stage 2: this block's rows b, b + G, ... < n gathered from the owners' staging and
-    normalized, V rows per iteration (all their packs read before the first store)."""
+    normalized, V rows per iteration (all their packs read before the first store);
+    `clamped_ahead` as residual_norm_row's."""
     if V == 1:
         for row in range(dsl.block_id(), n, dsl.num_blocks()):
             residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k, sources[k]), row,
                               H, T, residual, residual_out, weight, eps, flags, out, q, scale,
-                              FP8, R)
+                              FP8, R, clamped_ahead)
         return
     stride = dsl.num_blocks()
     for row in range(dsl.block_id(), n, stride * V):

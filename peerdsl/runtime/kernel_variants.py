@@ -88,8 +88,11 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3 against
 # 122.9 for the one-stage kernel; at 6144 it lost (TP4 281.8 vs 274.4): up to 4096, where the
 # gather kernel fits 3 blocks per SM (ops/fused_ar_rms_gather.py). W = 8 is not measured.
+# runtime_h_split_max_hidden: the same for the runtime-H kernel up to MAXH 8192, whose one-
+# launch schedule holds fewer rows (V = 1) and fewer packs ahead than the specialized one's
+# (1.12-1.18x of it in call G5).
 _SM90_FUSED = {"U": 4, "V": 2, "E": 0}
-_SM90_SPLIT = {**_SM90_FUSED, "split_max_hidden": 4096}
+_SM90_SPLIT = {**_SM90_FUSED, "split_max_hidden": 4096, "runtime_h_split_max_hidden": 8192}
 FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {
     "sm_90": {2: _SM90_SPLIT, 4: _SM90_SPLIT, 8: _SM90_FUSED}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
@@ -108,16 +111,21 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int,
                    lambda: _fused_2stage_kernel(arch, world, hidden, runtime_h))
 
 
-def fused_2stage_splits(arch: str, world: int, hidden: int) -> bool:
-    """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for H (or MAXH) `hidden`."""
-    return hidden <= FUSED_2STAGE.get(arch, {}).get(world, {}).get("split_max_hidden", 0)
+def fused_2stage_splits(arch: str, world: int, hidden: int, runtime_h: bool = False) -> bool:
+    """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for H (or MAXH, `runtime_h`)
+    `hidden`."""
+    entry = FUSED_2STAGE.get(arch, {}).get(world, {})
+    bound = entry.get("split_max_hidden", 0)
+    if runtime_h:
+        bound = max(bound, entry.get("runtime_h_split_max_hidden", 0))
+    return hidden <= bound
 
 
 def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import fitted_schedule
     cx = {k: v for k, v in FUSED_2STAGE.get(arch, {}).get(world, {}).items()
           if k in ("U", "V", "E")}
-    if cx and fused_2stage_splits(arch, world, hidden):
+    if cx and fused_2stage_splits(arch, world, hidden, runtime_h):
         cx["S"] = 1
     named_split = bool(cx) or "S" in _env_ints(_FUSED_ENV)  # a build whose schedules name S
     if cx:
