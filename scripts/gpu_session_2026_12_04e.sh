@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# H200 call G6 (2026-12-04): after the gfx1250 merge (sm_90 IR: gemma add, wide LDS reads) and runtime-H split, dispatch's own choice (TP4 and TP2,
-# wide LDS reads) and the runtime-H split (TP4, TP2; H 2880, 6144, 8192), runtime-H, and the collectives
-# proof (every fused path dispatch takes, split included, checked bitwise).
+# H200 call G6 (2026-12-04): call G5's steps again after the gfx1250 merge (sm_90 IR changed:
+# the gemma add, wide LDS reads) and the runtime-H split: dispatch's own choice at TP4 and
+# TP2 (H 2880, 6144, 8192), runtime-H against specialized, and the collectives proof.
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; }
