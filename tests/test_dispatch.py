@@ -124,22 +124,13 @@ def test_each_target_has_its_table():
     assert plan_all_reduce("sm_90", 4, 48 * MiB) == "2stage"
     assert plan_fused_ar_rms("sm_90", 2, 1, 6144, BF16) == "fused_1stage"
     assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_1stage"      # 96 KiB
-    # the fused two-stage kernel from 2 MiB at TP4 (call F1), H = 2880 included; TP2 only
-    # split (H <= 4096, from 4 MiB); the unfused pair where every fused path measured slower
-    # (calls G5/G6: TP4 above 1 MiB up to 4.5 MiB, TP2 H <= 4096 above 4 MiB up to 8 MiB)
+    # the fused two-stage kernel from 2 MiB at TP4 (call F1), H = 2880 included; TP2 never
     assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_1stage"   # 768 KiB
-    assert plan_fused_ar_rms("sm_90", 4, 64, 8192, BF16) == "fused_1stage"   # 1 MiB
-    assert plan_fused_ar_rms("sm_90", 4, 256, 2880, BF16) == "unfused"       # 1.4 MiB
-    assert plan_fused_ar_rms("sm_90", 4, 384, 2880, BF16) == "unfused"       # 2.1 MiB
-    assert plan_fused_ar_rms("sm_90", 4, 384, 6144, BF16) == "unfused"       # 4.5 MiB
-    assert plan_fused_ar_rms("sm_90", 4, 384, 8192, BF16) == "fused_2stage"  # 6 MiB
-    assert plan_fused_ar_rms("sm_90", 4, 1024, 2880, BF16) == "fused_2stage"  # 5.6 MiB
-    assert plan_fused_ar_rms("sm_90", 4, 4096, 8192, BF16) == "fused_2stage"  # 64 MiB
-    assert plan_fused_ar_rms("sm_90", 2, 1024, 2880, BF16) == "unfused"      # 5.6 MiB
-    assert plan_fused_ar_rms("sm_90", 2, 2048, 2880, BF16) == "fused_2stage"  # 11.2 MiB
-    assert plan_fused_ar_rms("sm_90", 2, 384, 8192, BF16) == "fused_1stage"
+    assert plan_fused_ar_rms("sm_90", 4, 256, 2880, BF16) == "fused_1stage"    # 1.4 MiB
+    assert plan_fused_ar_rms("sm_90", 4, 384, 2880, BF16) == "fused_2stage"    # 2.1 MiB
+    assert plan_fused_ar_rms("sm_90", 4, 256, 6144, BF16) == "fused_2stage"    # 3 MiB
+    assert plan_fused_ar_rms("sm_90", 4, 4096, 8192, BF16) == "fused_2stage"   # 64 MiB
     assert plan_fused_ar_rms("sm_90", 2, 4096, 6144, BF16) == "fused_1stage"
-    assert plan_fused_ar_rms("sm_90", 8, 256, 6144, BF16) == "fused_2stage"  # W=8: unmeasured
     assert plan_fused_ar_rms("gfx1250", 4, 384, 2880, BF16) != "fused_2stage"  # the PR's table
 
 

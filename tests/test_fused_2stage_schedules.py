@@ -211,11 +211,11 @@ def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
         cx = dispatch.fused_2stage_kernel("sm_90", world, hidden) if path == "fused_2stage" else {}
         return path, cx.get("S")
     assert plan(4, 4096, 2880) == ("fused_2stage", 1)
-    assert plan(4, 2048, 2880) == ("fused_2stage", 1)
-    assert plan(4, 256, 2880) == ("unfused", None)  # every fused path measured slower
+    assert plan(4, 384, 2880) == ("fused_2stage", 1)
+    assert plan(4, 256, 2880) == ("fused_1stage", None)
     assert plan(4, 4096, 6144) == ("fused_2stage", 0)
     assert plan(2, 4096, 2880) == ("fused_2stage", 1)
-    assert plan(2, 1024, 2880) == ("unfused", None)
+    assert plan(2, 1024, 2880) == ("fused_2stage", 1)
     assert plan(2, 384, 2880) == ("fused_1stage", None)
     assert plan(2, 2048, 6144) == ("fused_1stage", None)
     assert plan(8, 4096, 2880) == ("fused_2stage", 0)

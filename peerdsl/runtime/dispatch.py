@@ -15,10 +15,8 @@ Then the two-stage kernel got its sm_90 schedules (runtime/kernel_variants.py
 2 MiB (H 2880/6144/8192), so sm_90's fused entry takes it from there, H = 2880 included
 (`fused_two_stage_min_hidden`). Up to H = 4096 its schedule is split (stage 1, then a
 gather launch of its own grid), which in call G4 also won at TP2 from 1024 rows (H = 2880),
-so there the fused entry takes it from 4 MiB (`fused_split_min_bytes`). Where every fused
-path measured slower than the unfused pair (TP4 at 256-384 rows, TP2 H=2880 at 1024 rows),
-the fused entry takes that pair (`fused_unfused`). Every threshold but that one has a
-`PEERDSL_*` environment override, read at each call (PEERDSL_FUSED_PATH forces a path).
+so there the fused entry takes it from 4 MiB (`fused_split_min_bytes`). Every threshold has
+a `PEERDSL_*` environment override, read at each call.
 
 The one- and two-stage all-reduce kernels also come in variants (ops/_collective.py
 `ar_variants`): B threads per block, U packs per thread per iteration, and for the two-stage
@@ -36,7 +34,6 @@ from typing import Any
 from .. import layout
 
 MiB = 1 << 20
-HIDDEN_ANY = 1 << 30  # a fused_unfused range for every hidden size
 PATHS = ("local", "unfused", "fallback", "ll+rmsnorm", "fused_1stage", "fused_2stage")
 AR_PATHS = ("local", "fallback", "ll", "1stage", "2stage")
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "bfloat16": 2, "float16": 2, "torch.bfloat16": 2,
@@ -62,9 +59,6 @@ class Thresholds:
     # below two_stage_min_world: the fused entry takes the two-stage kernel from these bytes
     # where its schedule splits (FUSED_2STAGE split_max_hidden); None: never
     fused_split_min_bytes: int | None = None
-    # (world, above bytes, up to bytes, up to hidden): where the fused entry takes the
-    # unfused pair instead, measured faster there (PEERDSL_FUSED_PATH still forces any path)
-    fused_unfused: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def fused_ll_cap(self) -> int:
@@ -86,12 +80,7 @@ TABLES = {
     # 38.2; 4096: 372.0 vs 404.7), and lost below (6144 at 64 rows: 14.3 vs 13.1)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=2 * MiB, fused_two_stage_min_hidden=2048,
-                        two_stage_min_bytes=32 * MiB, fused_split_min_bytes=4 * MiB,
-                        # calls G5 and G6: TP4 256-384 rows (H 2880/6144; 8192 at 256 a
-                        # tie) 0.79-0.93x of the unfused pair on every fused path; TP2 H=2880
-                        # at 1024 rows 0.78-0.85x (its fused kernels are grid-capped there)
-                        fused_unfused=((4, 1 * MiB, 9 * MiB // 2, HIDDEN_ANY),
-                                       (2, 4 * MiB, 8 * MiB, 4096))),
+                        two_stage_min_bytes=32 * MiB, fused_split_min_bytes=4 * MiB),
 }
 
 _ENV = {
@@ -239,8 +228,6 @@ def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8
         plan = "fallback"
     elif nbytes <= t.fused_ll_cap:
         plan = "ll+rmsnorm"
-    elif any(w == world and lo < nbytes <= hi and hidden <= h for w, lo, hi, h in t.fused_unfused):
-        plan = "unfused"
     elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(
             t, world, hidden, nbytes, t.fused_two_stage_min_hidden):
         plan = "fused_2stage"
