@@ -29,7 +29,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_report import merge, plot, report  # noqa: E402
-from benchmarks.rank_harness import rank_env, replay_median_us, run_ranks  # noqa: E402
+from benchmarks.rank_harness import (rank_communicator, rank_env, replay_median_us,  # noqa: E402
+                                     run_ranks)
 
 ROWS = [1, 16, 64, 256, 384, 1024, 2048, 4096]
 CALLS, REPLAYS = 20, 30
@@ -163,16 +164,7 @@ def copy_bandwidth(torch, dev) -> dict:
 # ----------------------------------------------------------------------------- ranks
 
 def rank_main(rank, world, port, build, hiddens) -> dict:
-    import torch
-    import torch.distributed as dist
-    from peerdsl.runtime.communicator import Communicator
-    import datetime
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
-    dev = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
-    torch.cuda.set_device(dev)
-    comm = Communicator(device=dev, build_dir=build, check_errors=False, timeout_s=1.0)
-    sync = lambda: dist.barrier()  # noqa: E731 - ranks start each replay together
+    torch, dist, dev, comm, sync = rank_communicator(rank, world, port, build)
     result = {"null_us": graph_time_us(torch, comm.null_collective, dev, sync), "rows": {}}
     for hidden in hiddens:
         for rows in ROWS:

@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_ar_rms import graph_time_us  # noqa: E402
-from benchmarks.rank_harness import rank_env, run_ranks  # noqa: E402
+from benchmarks.rank_harness import rank_communicator, rank_env, run_ranks  # noqa: E402
 
 
 def _without(comm, prefix: str):
@@ -38,17 +38,7 @@ def _without(comm, prefix: str):
 
 
 def rank_main(rank, world, port, build, hiddens, rows_list) -> dict:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-    from peerdsl.runtime.communicator import Communicator
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
-    dev = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
-    torch.cuda.set_device(dev)
-    comm = Communicator(device=dev, build_dir=build, check_errors=False, timeout_s=1.0)
-    sync = lambda: dist.barrier()  # noqa: E731 - ranks start each replay together
+    torch, dist, dev, comm, sync = rank_communicator(rank, world, port, build)
     cap = comm.graph_capture
     out = {}
     os.environ["PEERDSL_FUSED_PATH"] = "fused_2stage"

@@ -78,3 +78,21 @@ def replay_median_us(torch, graph, calls: int, replays: int, before=None) -> flo
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000 / calls)
     return statistics.median(times)
+
+
+def rank_communicator(rank: int, world: int, port: int, build: str):
+    """(torch, dist, device, Communicator, sync) of one rank process: gloo for the host
+    exchange, the rank's GPU (ranks share one under MPS), errors read by the benchmark, a 1 s
+    spin limit; `sync()` lines the ranks up before each timed replay."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from peerdsl.runtime.communicator import Communicator
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    dev = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
+    torch.cuda.set_device(dev)
+    comm = Communicator(device=dev, build_dir=build, check_errors=False, timeout_s=1.0)
+    return torch, dist, dev, comm, dist.barrier
