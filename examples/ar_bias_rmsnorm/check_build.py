@@ -98,9 +98,10 @@ def side_by_side(cx: dict, arch: str) -> str:
             hsaco, asm = compile_hip(Path(d), arch)
             sym = f"ar_bias_rmsnorm_bf16_h{cx['H']}_w{cx['W']}"
             rows.append(("HIP", amd_side(hsaco.read_bytes(), asm, sym)))
-    keys = list(rows[0][1])
+    # every row either side has (an instruction class one listing lacks counts 0 there)
+    keys = list(dict.fromkeys(k for _, r in rows for k in r))
     lines = [f"{'':24}" + "".join(f"{name:>32}" for name, _ in rows)]
-    lines += [f"{k:24}" + "".join(f"{str(r[k]):>32}" for _, r in rows) for k in keys]
+    lines += [f"{k:24}" + "".join(f"{str(r.get(k, 0)):>32}" for _, r in rows) for k in keys]
     return "\n".join(lines)
 
 
