@@ -9,7 +9,7 @@ bench_ar_rms.py (graphs of 20 calls, 30 replays, median per rank, max over ranks
   stage1      the same call with the gather launch left out
   gather      the same call with the stage-1 launch left out (it reads the staging the last
               stage 1 left: the same bytes move, only the values are stale)
-  one_launch  the fused two-stage kernel of dispatch's default schedule (S = 0)
+  one_launch  the fused two-stage kernel in one launch (dispatch's schedule with S = 0)
   ar, rms     our all-reduce and our add + RMSNorm (the unfused pair)
 
     PYTHONPATH=. python3 benchmarks/bench_fused_parts.py --build build --tp 4 \\
@@ -53,6 +53,7 @@ def rank_main(rank, world, port, build, hiddens, rows_list) -> dict:
                 fused()
             except ValueError:  # past the staging for this world: no two-stage path
                 continue
+            os.environ["PEERDSL_FUSED_SPLIT"] = "0"  # whatever dispatch's schedule is
             r = {"one_launch": graph_time_us(torch, fused, dev, sync, cap)}
             os.environ["PEERDSL_FUSED_SPLIT"] = "1"
             r["split"] = graph_time_us(torch, fused, dev, sync, cap)
