@@ -181,7 +181,11 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
                  "ar_us": graph_time_us(torch, lambda: comm.all_reduce(x), dev, sync, cap),
                  "rms_us": graph_time_us(torch, lambda: comm.add_rmsnorm(x, res, w), dev, sync),
                  "fused_us": graph_time_us(torch, lambda: comm.fused_allreduce_rmsnorm(
-                     x, res, w), dev, sync, cap)}
+                     x, res, w), dev, sync, cap),
+                 # the unfused pair as a caller runs it: each norm between two all-reduces
+                 # (ar_us + rms_us times each alone, back to back, so the ranks' skews do not add)
+                 "pair_us": graph_time_us(torch, lambda: comm.add_rmsnorm(
+                     comm.all_reduce(x), res, w), dev, sync, cap)}
             if os.environ.get("BENCH_SWEEP", "1") == "1":  # every valid path: the thresholds
                 r["paths_us"] = forced_paths(torch, comm, x, res, w, dev, sync)
             if rows == 16 and hidden == hiddens[0]:  # host cost of one eager call

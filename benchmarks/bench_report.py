@@ -31,9 +31,11 @@ def report(summary: dict) -> str:
         s = summary[tp]
         lines.append(f"\nTP{tp[2:]} (null collective {s['null_us']:.1f} us, host cost of one "
                      f"eager fused call {s['host_us']:.1f} us)")
+        pair = all("pair_us" in r for r in s["rows"].values())  # (runs before 2026-12-04: no)
         lines.append("| H | rows | MiB | all-reduce (path) | add+RMSNorm | sum | fused (path) | "
-                     "unfused/fused | byte floor (all ranks, one HBM) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+                     "unfused/fused | byte floor (all ranks, one HBM) |"
+                     + (" pair in one graph | pair/fused |" if pair else ""))
+        lines.append("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pair else ""))
         world = int(tp[2:])
         for key, r in s["rows"].items():
             hidden, rows = map(int, key.split(":"))
@@ -42,7 +44,9 @@ def report(summary: dict) -> str:
             tot = r["ar_us"] + r["rms_us"]
             lines.append(f"| {hidden} | {rows} | {nbytes / 2**20:.2f} | {r['ar_us']:.1f} "
                          f"({r['ar_path']}) | {r['rms_us']:.1f} | {tot:.1f} | {r['fused_us']:.1f} "
-                         f"({r['path']}) | {tot / r['fused_us']:.2f}x | {floor:.1f} |")
+                         f"({r['path']}) | {tot / r['fused_us']:.2f}x | {floor:.1f} |"
+                         + (f" {r['pair_us']:.1f} | {r['pair_us'] / r['fused_us']:.2f}x |"
+                            if pair else ""))
     for tp in [k for k in summary if k.startswith("tp")]:
         swept = {k: r["paths_us"] for k, r in summary[tp]["rows"].items() if "paths_us" in r}
         if not swept:
