@@ -29,8 +29,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_report import merge, plot, report  # noqa: E402
-from benchmarks.rank_harness import (rank_communicator, rank_env, replay_median_us,  # noqa: E402
-                                     run_ranks)
+from benchmarks.rank_harness import (norm_inputs, rank_communicator, rank_env,  # noqa: E402
+                                     replay_median_us, run_ranks)
 
 ROWS = [1, 16, 64, 256, 384, 1024, 2048, 4096]
 CALLS, REPLAYS = 20, 30
@@ -168,10 +168,7 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
     result = {"null_us": graph_time_us(torch, comm.null_collective, dev, sync), "rows": {}}
     for hidden in hiddens:
         for rows in ROWS:
-            g = torch.Generator().manual_seed(rows)
-            x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
-            res = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
-            w = (torch.rand(hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
+            x, res, w = norm_inputs(torch, rows, hidden, dev)
             comm.fused_allreduce_rmsnorm(x, res, w)
             path = comm.last_path
             comm.all_reduce(x)

@@ -24,7 +24,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_ar_rms import graph_time_us  # noqa: E402
-from benchmarks.rank_harness import rank_communicator, rank_env, run_ranks  # noqa: E402
+from benchmarks.rank_harness import (norm_inputs, rank_communicator, rank_env,  # noqa: E402
+                                     run_ranks)
 
 
 def _without(comm, prefix: str):
@@ -44,10 +45,7 @@ def rank_main(rank, world, port, build, hiddens, rows_list) -> dict:
     os.environ["PEERDSL_FUSED_PATH"] = "fused_2stage"
     for hidden in hiddens:
         for rows in rows_list:
-            g = torch.Generator().manual_seed(rows)
-            x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
-            res = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
-            w = (torch.rand(hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
+            x, res, w = norm_inputs(torch, rows, hidden, dev)
             fused = lambda: comm.fused_allreduce_rmsnorm(x, res, w)  # noqa: E731
             try:
                 fused()

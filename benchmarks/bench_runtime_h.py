@@ -25,7 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_ar_rms import graph_time_us  # noqa: E402
-from benchmarks.rank_harness import rank_communicator, rank_env, run_ranks  # noqa: E402
+from benchmarks.rank_harness import (norm_inputs, rank_communicator, rank_env,  # noqa: E402
+                                     run_ranks)
 
 FUSED_PATHS = ("fused_1stage", "fused_2stage")
 CUSTOM_MAX_BYTES = 64 << 20  # SPEC section 5: above it the fused entry falls back
@@ -92,10 +93,7 @@ def rank_main(rank, world, port, build, hiddens, rows_list) -> dict:
         for rows in rows_list:
             if rows * hidden * 2 > CUSTOM_MAX_BYTES:  # the fallback all-reduce: not ours
                 continue
-            g = torch.Generator().manual_seed(rows)
-            x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
-            res = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
-            w = (torch.rand(hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
+            x, res, w = norm_inputs(torch, rows, hidden, dev)
             entry = {"bytes_equal": same_bytes(comm, x, res, w, specialized)}
             for force in ((False, True) if specialized else (True,)):
                 comm.force_runtime_h = force

@@ -96,3 +96,13 @@ def rank_communicator(rank: int, world: int, port: int, build: str):
     torch.cuda.set_device(dev)
     comm = Communicator(device=dev, build_dir=build, check_errors=False, timeout_s=1.0)
     return torch, dist, dev, comm, dist.barrier
+
+
+def norm_inputs(torch, rows: int, hidden: int, dev):
+    """(x, residual, weight) of a fused call, bf16 on `dev`, drawn from a seed of `rows`: the
+    same on every rank (each rank's x differs in real use; the timing does not care)."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
+    res = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
+    w = (torch.rand(hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
+    return x, res, w

@@ -2,15 +2,4 @@
 # H200 call G6 (2026-12-04): call G5's steps again after the gfx1250 merge (sm_90 IR changed:
 # the gemma add, wide LDS reads) and the runtime-H split: dispatch's own choice at TP4 and
 # TP2 (H 2880, 6144, 8192), runtime-H against specialized, and the collectives proof.
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; }
-step "bench tp4" 200 env BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 --hidden 2880 6144 8192 --json $OUT/bench_g6_tp4.json > $OUT/bench_g6_tp4.log 2>&1
-grep "^|\|^TP" $OUT/bench_g6_tp4.log | head -30
-step "bench tp2" 150 env BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 2 --hidden 2880 6144 8192 --json $OUT/bench_g6_tp2.json > $OUT/bench_g6_tp2.log 2>&1
-grep "^|\|^TP" $OUT/bench_g6_tp2.log | head -30
-step "runtime-H bench" 200 env PYTHONPATH=. python3 benchmarks/bench_runtime_h.py --build build --tp 4 --hidden 2880 5120 6144 8192 --rows 16 1024 4096 --json $OUT/bench_runtime_h_g6.json > $OUT/runtime_h_g6.log 2>&1
-tail -16 $OUT/runtime_h_g6.log
-step "collectives" 200 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build --steps 30 --replays 100 --json $OUT/gpu_collectives_g6.json > $OUT/gpu_collectives_g6.log 2>&1
-tail -12 $OUT/gpu_collectives_g6.log
-true
+TAG=g6 exec bash "$(dirname "$0")/gpu_session_2026_12_04d.sh"

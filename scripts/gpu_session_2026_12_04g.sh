@@ -1,11 +1,6 @@
 #!/usr/bin/env bash
 # H200 call G9 (2026-12-04): dispatch's own choice beside the unfused pair run as a caller runs
-# it (all-reduce, then add + RMSNorm, in one graph), TP4 and TP2, H 2880, 6144, 8192.
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; }
-step "bench tp4" 200 env BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 --hidden 2880 6144 8192 --json $OUT/bench_g9_tp4.json > $OUT/bench_g9_tp4.log 2>&1
-grep "^| [0-9]" $OUT/bench_g9_tp4.log | head -24
-step "bench tp2" 150 env BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 2 --hidden 2880 6144 8192 --json $OUT/bench_g9_tp2.json > $OUT/bench_g9_tp2.log 2>&1
-grep "^| [0-9]" $OUT/bench_g9_tp2.log | head -24
-true
+# it (all-reduce, then add + RMSNorm, in one graph; bench_ar_rms.py pair_us), TP4 and TP2,
+# H 2880, 6144, 8192. (The call that ran was TP4 at 6144 and 2880 only: one start was refused
+# and the device budget was nearly spent.)
+TAG=g9 exec bash "$(dirname "$0")/gpu_session_2026_12_04f.sh"
