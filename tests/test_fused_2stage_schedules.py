@@ -219,9 +219,32 @@ def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
     assert plan(2, 384, 2880) == ("fused_1stage", None)
     assert plan(2, 2048, 6144) == ("fused_1stage", None)
     assert plan(8, 4096, 2880) == ("fused_2stage", 0)
-    assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["S"] == 1  # 2880
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["S"] == 1  # MAXH 4096
     # runtime-H: split up to MAXH 8192 (5120, 6144, 8192 included), not at 16384 or W = 8
     for maxh, split in ((6144, 1), (8192, 1), (16384, 0)):
         assert dispatch.fused_2stage_kernel("sm_90", 4, maxh, runtime_h=True)["S"] == split
     assert dispatch.fused_2stage_kernel("sm_90", 8, 8192, runtime_h=True)["S"] == 0
     assert dispatch.plan_fused_ar_rms("gfx1250", 2, 4096, 2880, torch.bfloat16) == "fused_1stage"
+
+
+def test_split_routing_edges(monkeypatch):
+    """The TP2 route is for the split kernel only, from the fused two-stage hidden bound,
+    and follows PEERDSL_FUSED_SPLIT; S = 0 on a target without schedules names nothing."""
+    plan = lambda w, r, h: dispatch.plan_fused_ar_rms("sm_90", w, r, h, torch.bfloat16)  # noqa: E731
+    assert plan(4, 4096, 1024) == "fused_1stage"  # under fused_two_stage_min_hidden
+    assert plan(2, 8192, 1024) == "fused_1stage"
+    monkeypatch.setenv("PEERDSL_FUSED_SPLIT", "0")
+    assert plan(2, 4096, 2880) == "fused_1stage"
+    assert dispatch.fused_2stage_kernel("gfx1250", 4, 6144) == {}
+    monkeypatch.setenv("PEERDSL_FUSED_SPLIT", "1")
+    assert plan(2, 2048, 6144) == "fused_2stage"
+
+
+def test_kernel_variants_imports_first():
+    """runtime/kernel_variants.py and runtime/dispatch.py import each other: either first."""
+    import subprocess
+    import sys
+    for first in ("peerdsl.runtime.kernel_variants", "peerdsl.runtime.dispatch"):
+        code = (f"import {first}; from peerdsl.runtime import dispatch; "
+                "assert dispatch.fused_2stage_kernel('sm_90', 4, 2880)['S'] == 1")
+        subprocess.run([sys.executable, "-c", code], check=True)

@@ -32,7 +32,7 @@ def test_min_blocks_reaches_the_ir_and_the_nvidia_launch_bound():
     assert "minctasm" not in _mlir("gfx1250", M=3)
 
 
-@pytest.mark.parametrize("bad", [-1, 9, 2.5])
+@pytest.mark.parametrize("bad", [-1, 9, 2.5, True])
 def test_min_blocks_out_of_range_is_a_trace_error(bad):
     with pytest.raises(TraceError, match="min_blocks"):
         _copy.trace(M=bad)

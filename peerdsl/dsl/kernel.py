@@ -184,9 +184,11 @@ class Kernel:
             m = constexprs[m]
         if m in (None, 0):
             return None
-        if not isinstance(m, int) or m < 1 or m * block_size > 2048:
-            raise TraceError(f"kernel {self.name}: min_blocks {m!r} must be an int >= 1 with "
-                             f"min_blocks x block size ({block_size}) <= 2048 threads per SM")
+        if (not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= 32
+                or m * block_size > 2048):
+            raise TraceError(f"kernel {self.name}: min_blocks {m!r} must be an int in [1, 32] "
+                             f"with min_blocks x block size ({block_size}) <= 2048 threads "
+                             "per SM")
         return m
 
     def _trace(self, constexprs: dict[str, Any]) -> ir.Kernel:

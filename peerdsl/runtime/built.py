@@ -157,7 +157,8 @@ def from_registry(target: str) -> Built:
     from ..lowering.targets import get_target  # pure data: no MLIR
     from ..ops.registry import load_all
     t = get_target(target)
-    wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values(), RUNTIME_H_OPS.values())
+    # RUNTIME_H_OPS's keys too: the gather kernel (NVIDIA only) is in no HIDDEN_OPS entry
+    wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values(), RUNTIME_H_OPS, RUNTIME_H_OPS.values())
     variants = {name: tuple(spec.variants(t)) for name, spec in load_all().items()
                 if name in wanted}
     return Built(target, "simulator: the op registry's variants", variants,

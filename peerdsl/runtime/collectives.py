@@ -332,6 +332,10 @@ class Collectives(CallIdentity):
         residual_dev, weight_dev = self._dev(residual), self._dev(weight)
         # chosen before _stage writes the registered pool (it raises when nothing is built)
         rk = self._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
+        split = path == "fused_2stage" and dispatch.fused_2stage_kernel(
+            self.arch, self.world, rk.size, rk.runtime_h).get("S")
+        if split:  # the gather launch's variant too, before any launch
+            self._row_kernel("fused_ar_rms_gather", hidden)
         args = dict(inp=self._stage(x), residual=residual_dev, weight=weight_dev,
                     sig=self.signal_peers, rank=self.rank, rows=rows, eps=eps,
                     flags=kflags, **bufs, **rk.args)

@@ -231,15 +231,23 @@ def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8
     elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(
             t, world, hidden, nbytes, t.fused_two_stage_min_hidden):
         plan = "fused_2stage"
-    elif (t.fused_split_min_bytes is not None and nbytes >= t.fused_split_min_bytes
-          and fused_2stage_splits(arch, world, hidden)
-          and _staging_fits(t, world, hidden // 8, nbytes)):
+    elif (t.fused_split_min_bytes is not None and world < t.two_stage_min_world
+          and nbytes >= t.fused_split_min_bytes and _splits(arch, world, hidden)
+          and two_stage_fits(dataclasses.replace(t, two_stage_min_world=world), world, hidden,
+                             nbytes, t.fused_two_stage_min_hidden)):
         plan = "fused_2stage"
     else:
         plan = "fused_1stage"
     if forced:
         return _check_forced(forced, plan, t, world, hidden, nbytes, contiguous)
     return plan
+
+
+def _splits(arch: str, world: int, hidden: int) -> bool:
+    """Whether the fused two-stage kernel would run split for `hidden` (PEERDSL_FUSED_SPLIT
+    decides where set): the below-two_stage_min_world route exists only for it."""
+    forced = _env_ints({"S": _FUSED_ENV["S"]}).get("S")
+    return bool(forced) if forced is not None else fused_2stage_splits(arch, world, hidden)
 
 
 def _check_forced(forced: str, plan: str, t: Thresholds, world: int, hidden: int,

@@ -1,14 +1,13 @@
 """Which variant of a collective kernel a path launches: the all-reduce kernels' B, U, E
 (`ar_kernel`, table `AR_KERNELS`) and the fused two-stage kernel's schedule
 (`fused_2stage_kernel`, table `FUSED_2STAGE`). runtime/dispatch.py picks the path and
-re-exports these; the environment overrides and plan caches are dispatch's.
+re-exports these; the environment overrides and plan caches are dispatch's (imported at
+call time: dispatch imports this module as it loads, so either may be imported first).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
-
-from .dispatch import _AR_ENV, _FUSED_ENV, _cached, _env_ints, _env_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +46,7 @@ def ar_kernel(arch: str, path: str, world: int, work_packs: int,
     large ones get U * W loads in flight per thread. PEERDSL_AR_BLOCK, PEERDSL_AR_UNROLL and
     PEERDSL_AR_END_BARRIER override B, U and E on any target (a variant that is not built
     fails at launch, naming the built ones)."""
+    from .dispatch import _cached, _env_key
     key = (arch, path, world, work_packs, max_grid, _env_key())
     return _cached(_AR_KERNEL_PLANS, key, lambda: _ar_kernel(arch, path, world, work_packs,
                                                              max_grid))
@@ -54,6 +54,7 @@ def ar_kernel(arch: str, path: str, world: int, work_packs: int,
 
 def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
                max_grid: int) -> tuple[dict[str, int], int]:
+    from .dispatch import _AR_ENV, _env_ints
     if path not in ("1stage", "2stage"):
         raise ValueError(f"ar_kernel path {path!r} is not '1stage' or '2stage'")
     env = _env_ints(_AR_ENV)
@@ -107,6 +108,7 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int,
     1 only and the caller launches ops/fused_ar_rms_gather.py after it. `hidden` is the kernel's H (or MAXH, `runtime_h`): V is
     capped where V rows would not fit the registers (ops/fused_ar_rms_2stage.py
     `fitted_schedule`)."""
+    from .dispatch import _cached, _env_key
     return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, _env_key()),
                    lambda: _fused_2stage_kernel(arch, world, hidden, runtime_h))
 
@@ -122,13 +124,13 @@ def fused_2stage_splits(arch: str, world: int, hidden: int, runtime_h: bool = Fa
 
 
 def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) -> dict[str, int]:
-    from ..ops.fused_ar_rms_2stage import fitted_schedule
-    cx = {k: v for k, v in FUSED_2STAGE.get(arch, {}).get(world, {}).items()
-          if k in ("U", "V", "E")}
-    if cx and fused_2stage_splits(arch, world, hidden, runtime_h):
-        cx["S"] = 1
-    named_split = bool(cx) or "S" in _env_ints(_FUSED_ENV)  # a build whose schedules name S
+    from ..ops.fused_ar_rms_2stage import SPLIT_UNROLL, fitted_schedule
+    from .dispatch import _FUSED_ENV, _env_ints
+    table = FUSED_2STAGE.get(arch, {}).get(world, {})
+    cx = {k: v for k, v in table.items() if k in ("U", "V", "E")}
     if cx:
+        if fused_2stage_splits(arch, world, hidden, runtime_h):
+            cx.update(U=SPLIT_UNROLL, V=1, S=1)  # the split variant's build (schedules())
         cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"], runtime_h)
         if (cx["U"], cx["V"]) == (0, 1) and not cx.get("S"):
             cx["E"] = 1  # the default schedule, built with its end barrier
@@ -138,10 +140,12 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) ->
         if value < low or flag and value > 1:
             raise ValueError(f"{name}={value} must be {'0 or 1' if flag else f'>= {low}'}")
         cx[field] = value
+    if not table and cx.get("S") == 0:
+        del cx["S"]  # "not split" is what a target without schedules builds anyway
     if not cx:
         return cx
     # a partial override of a target without an entry: the kernel's defaults
-    if cx.get("S"):  # stage 1 alone: built with V = 1 and no end barrier
-        return {"U": cx.get("U", 0), "V": 1, "E": 0, "S": 1}
+    if cx.get("S"):  # stage 1 alone: built with V = 1 and no end barrier (V, E overrides
+        return {"U": cx.get("U", 0), "V": 1, "E": 0, "S": 1}  # do not apply to it)
     plan = {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}
-    return {**plan, "S": 0} if named_split else plan
+    return {**plan, "S": 0} if table else plan  # sm_90's schedules all name S
