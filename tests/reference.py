@@ -45,3 +45,20 @@ def ulp_diff(a: torch.Tensor, b: torch.Tensor) -> int:
     ia = torch.where(ia < 0, -(ia & 0x7FFF), ia)
     ib = torch.where(ib < 0, -(ib & 0x7FFF), ib)
     return int((ia - ib).abs().max()) if a.numel() else 0
+
+
+def norm_case(rows: int, hidden: int, seed: int, dtype=torch.bfloat16):
+    """(x, residual, weight) of a norm-kernel test, drawn from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, hidden, generator=g).to(dtype)
+    residual = torch.randn(rows, hidden, generator=g).to(dtype)
+    weight = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
+    return x, residual, weight
+
+
+def norm_outputs(rows: int, hidden: int, dtype=torch.bfloat16) -> dict:
+    """Zeroed out, residual_out, q and scale buffers of a norm kernel's direct launch."""
+    return dict(out=torch.zeros(rows, hidden, dtype=dtype),
+                residual_out=torch.zeros(rows, hidden, dtype=dtype),
+                q=torch.zeros(rows, hidden, dtype=torch.int8),
+                scale=torch.zeros(rows, dtype=torch.float32))

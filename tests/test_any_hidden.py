@@ -1,7 +1,7 @@
 """Issue 15 item 5: any hidden size that is a multiple of 8 in [256, 16384], bf16 and fp16.
 
 Sizes without a specialized (constexpr H) kernel run on the runtime-H variants
-(`<op>_runtime_h`, ops/_rows.py RuntimeHidden); SPEC section 2 holds for them as for the
+(`<op>_runtime_h`, ops/_row_slots.py RuntimeHidden); SPEC section 2 holds for them as for the
 specialized ones: the runtime-H kernel gives the specialized kernel's bytes at the same H
 (checked both ways: forced runtime-H at built sizes, and a specialized kernel traced for an
 unbuilt size), fused == unfused byte for byte on every rank under skew, and the contract

@@ -11,6 +11,7 @@ import peerdsl.sim
 from peerdsl.lowering.targets import get_target
 from peerdsl.ops.registry import load_all
 from peerdsl.runtime import dispatch
+from reference import norm_case, norm_outputs
 
 BF16 = torch.bfloat16
 SCHEDULES = [dict(U=0, V=1, E=1), dict(U=1, V=1, E=0), dict(U=2, V=2, E=1),
@@ -30,16 +31,10 @@ def test_every_schedule_gives_the_same_bytes(op, size, hidden, world, flags):
     rows, grid = 7, 2
 
     def body(comm):
-        g = torch.Generator().manual_seed(5 + comm.rank)
-        x = torch.randn(rows, hidden, generator=g).to(BF16)
-        residual = torch.randn(rows, hidden, generator=g).to(BF16)
-        weight = (torch.rand(hidden, generator=g) + 0.5).to(BF16)
+        x, residual, weight = norm_case(rows, hidden, 5 + comm.rank)
         results = []
         for sched in SCHEDULES:
-            outs = dict(out=torch.zeros(rows, hidden, dtype=BF16),
-                        residual_out=torch.zeros(rows, hidden, dtype=BF16),
-                        q=torch.zeros(rows, hidden, dtype=torch.int8),
-                        scale=torch.zeros(rows, dtype=torch.float32))
+            outs = norm_outputs(rows, hidden)
             args = dict(inp=x, residual=residual, weight=weight, sig=comm.signal,
                         rank=comm.rank, rows=rows, eps=1e-6, flags=flags,
                         staging=comm.peer_buffer((rows * hidden,), BF16), **outs)
@@ -185,10 +180,7 @@ def test_gather_reads_nothing_while_the_error_record_is_set(error_set):
         residual = torch.randn(rows, hidden, generator=g).to(BF16)
         weight = (torch.rand(hidden, generator=g) + 0.5).to(BF16)
         staging = comm.peer_buffer((rows * hidden,), BF16)
-        outs = dict(out=torch.zeros(rows, hidden, dtype=BF16),
-                    residual_out=torch.zeros(rows, hidden, dtype=BF16),
-                    q=torch.zeros(rows, hidden, dtype=torch.int8),
-                    scale=torch.zeros(rows, dtype=torch.float32))
+        outs = norm_outputs(rows, hidden)
         try:  # the record is read (and raised) after the launch
             comm.launch("fused_ar_rms_gather", grid=2, constexprs={
                 "T": "bf16", "H": hidden, "W": world, "FP8": "e4m3fn", "R": 4},

@@ -11,6 +11,7 @@ import torch
 import peerdsl.sim
 from peerdsl.lowering.targets import get_target
 from peerdsl.ops.registry import load_all
+from reference import norm_case, norm_outputs
 
 BF16 = torch.bfloat16
 NORM_OPS = ("add_rmsnorm", "add_rmsnorm_runtime_h", "fused_ar_rms_1stage",
@@ -39,16 +40,10 @@ def test_every_r_gives_the_same_bytes(op, size, flags):
     hidden = size.get("H", 5120)
 
     def body(comm):
-        g = torch.Generator().manual_seed(11 + comm.rank)
-        x = torch.randn(rows, hidden, generator=g).to(BF16)
-        residual = torch.randn(rows, hidden, generator=g).to(BF16)
-        weight = (torch.rand(hidden, generator=g) + 0.5).to(BF16)
+        x, residual, weight = norm_case(rows, hidden, 11 + comm.rank)
         results = []
         for R in (1, 0, 2, 4):
-            outs = dict(out=torch.zeros(rows, hidden, dtype=BF16),
-                        residual_out=torch.zeros(rows, hidden, dtype=BF16),
-                        q=torch.zeros(rows, hidden, dtype=torch.int8),
-                        scale=torch.zeros(rows, dtype=torch.float32))
+            outs = norm_outputs(rows, hidden)
             args = dict(inp=x, residual=residual, weight=weight, sig=comm.signal,
                         rank=comm.rank, rows=rows, eps=1e-6, flags=flags, **outs)
             if "runtime_h" in op:

@@ -5,7 +5,7 @@ residual_out = T(s), out = T((s * rsqrt(mean(s^2) + eps)) * w).
 
 Two kernels, one body: `add_rmsnorm` is specialized for a constexpr H (the common sizes,
 SUPPORTED_HIDDEN); `add_rmsnorm_runtime_h` takes `hidden` at run time, up to its constexpr
-bound MAXH (ops/_rows.py RuntimeHidden), and gives the same bytes at the same H.
+bound MAXH (ops/_row_slots.py RuntimeHidden), and gives the same bytes at the same H.
 """
 from .. import dsl
 from ..dsl import Ptr, constexpr

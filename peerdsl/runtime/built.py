@@ -7,8 +7,8 @@ before any launch, so an unbuilt size fails at once, naming the sizes that are b
 to build others, instead of in the manifest lookup of the first launch.
 
 Hidden sizes: every row kernel has a specialized variant (constexpr H, built for the common
-sizes, ops/_rows.py SUPPORTED_HIDDEN) and a runtime-H one (`<op>_runtime_h`: the size is a
-kernel argument, `hidden`, up to its constexpr bound MAXH, ops/_rows.py RUNTIME_MAXH; the
+sizes, ops/_row_slots.py SUPPORTED_HIDDEN) and a runtime-H one (`<op>_runtime_h`: the size is a
+kernel argument, `hidden`, up to its constexpr bound MAXH, ops/_row_slots.py RUNTIME_MAXH; the
 same bytes). A launch takes the specialized variant when it is built for H, else the
 runtime-H variant of the smallest bound >= H (`row_kernel`), so any multiple of 8 in
 [256, 16384] is served by a full build.
@@ -36,8 +36,8 @@ HIDDEN_OPS = {
     "fused_allreduce_rmsnorm": ("add_rmsnorm", "fused_ar_rms_1stage"),
 }
 WORLDS_SOURCE = "peerdsl/ops/_collective.py WORLDS"
-HIDDEN_SOURCE = "peerdsl/ops/_rows.py SUPPORTED_HIDDEN"
-RUNTIME_SOURCE = "peerdsl/ops/_rows.py RUNTIME_MAXH"
+HIDDEN_SOURCE = "peerdsl/ops/_row_slots.py SUPPORTED_HIDDEN"
+RUNTIME_SOURCE = "peerdsl/ops/_row_slots.py RUNTIME_MAXH"
 
 
 @dataclasses.dataclass(frozen=True)

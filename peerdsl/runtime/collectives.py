@@ -332,23 +332,23 @@ class Collectives(CallIdentity):
         residual_dev, weight_dev = self._dev(residual), self._dev(weight)
         # chosen before _stage writes the registered pool (it raises when nothing is built)
         rk = self._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
-        split = path == "fused_2stage" and dispatch.fused_2stage_kernel(
-            self.arch, self.world, rk.size, rk.runtime_h).get("S")
-        if split:  # the gather launch's variant too, before any launch
-            self._row_kernel("fused_ar_rms_gather", hidden)
+        schedule = (dispatch.fused_2stage_kernel(self.arch, self.world, rk.size, rk.runtime_h)
+                    if path == "fused_2stage" else {})
+        # S = 1: stage 1 alone, then the gather launch; its variant too before any launch
+        gather_kernel = (self._row_kernel("fused_ar_rms_gather", hidden)
+                         if schedule.get("S") else None)
         args = dict(inp=self._stage(x), residual=residual_dev, weight=weight_dev,
                     sig=self.signal_peers, rank=self.rank, rows=rows, eps=eps,
                     flags=kflags, **bufs, **rk.args)
-        constexprs = {"T": T, rk.size_key: rk.size, "W": self.world, "FP8": self.fp8_format}
+        constexprs = {"T": T, rk.size_key: rk.size, "W": self.world, "FP8": self.fp8_format,
+                      **schedule}
         if path == "fused_2stage":
             args["staging"] = self.staging_peers
-            constexprs.update(dispatch.fused_2stage_kernel(self.arch, self.world, rk.size,
-                                                                 rk.runtime_h))
         grid = max(1, min(rows, self.max_grid, layout.MAX_BLOCKS))
         self._launch(rk.name, constexprs, grid, args)
-        if constexprs.get("S"):  # stage 1 alone: the gather launch does stage 2
-            name, cx, gargs = self._gather_launch(hidden, T, args)
-            self._launch(name, cx, self._local_grid(rows), gargs, local=True)
+        if gather_kernel is not None:
+            self._launch(*self._gather_launch(gather_kernel, T, args), self._local_grid(rows),
+                         local=True)
         result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)
         if quant_after:
             q, scale = self.per_token_quant_fp8(result.out)
@@ -356,10 +356,9 @@ class Collectives(CallIdentity):
                                 result.out if bf16_mirror else None)
         return result
 
-    def _gather_launch(self, hidden: int, T: Any, fused_args: dict) -> tuple[str, dict, dict]:
-        """(kernel, constexprs, arguments) of ops/fused_ar_rms_gather.py, the stage 2 that
-        follows a fused_ar_rms_2stage launch with S = 1 (`fused_args`: that launch's)."""
-        gk = self._row_kernel("fused_ar_rms_gather", hidden)
+    def _gather_launch(self, gk: Any, T: Any, fused_args: dict) -> tuple[str, dict, dict]:
+        """(kernel, constexprs, arguments) of ops/fused_ar_rms_gather.py (`gk`, its RowKernel),
+        the stage 2 after a fused_ar_rms_2stage launch with S = 1 (`fused_args`: that one's)."""
         cx = {"T": T, gk.size_key: gk.size, "W": self.world, "FP8": self.fp8_format}
         names = ("staging", "residual", "weight", "out", "residual_out", "q", "scale", "sig",
                  "rank", "rows", "eps", "flags")

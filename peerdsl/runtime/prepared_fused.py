@@ -117,7 +117,8 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
         actions.append(("collective", b.launch(name, cx, grid, fused_args),
                         call_key(op, call_args, kwargs, name, cx, comm.world), b.check(name)))
         if cx.get("S"):  # stage 1 alone: the gather launch does stage 2
-            g_name, g_cx, g_args = comm._gather_launch(hidden, T, fused_args)
+            g_name, g_cx, g_args = comm._gather_launch(
+                comm._row_kernel("fused_ar_rms_gather", hidden), T, fused_args)
             actions.append(("local", b.launch(g_name, g_cx, comm._local_grid(rows), g_args,
                                               local=True)))
         if quant_after:

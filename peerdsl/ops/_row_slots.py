@@ -1,0 +1,125 @@
+"""Which packs of a row a thread of a norm kernel owns, for a constexpr or a run-time hidden
+size (the geometry ops/_rows.py computes over).
+
+Thread t of a block of NORM_BLOCK threads owns the 16-byte packs t, t + BLOCK, t + 2 BLOCK,
+... of the row. The hidden size H is either a Python int (the specialized kernels' constexpr
+H: row loops unroll to exactly the packs the row has) or a `RuntimeHidden` (the runtime-H
+kernels: a traced `hidden` and a constexpr bound; each thread has the slots of the bound,
+and a slot past the row is masked at run time). A masked slot holds exact zeros, so it adds
++0 to a thread's sum of squares (which is never -0) and nothing to its max: the reduction
+order is that of the specialized kernel, and so are the bytes. Up to CLAMPED_PER_THREAD
+slots a masked slot's loads are not skipped but read from a clamped index inside the row and
+the values replaced by those zeros (`pack_slot`), so that every load of a thread's row is in
+flight at once; above it each slot's loads sit in a branch of their own.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+from .. import dsl
+
+PACK = 8             # elements of a 16-byte bf16/f16 pack
+SUPPORTED_HIDDEN = (2880, 4096, 6144, 7168, 8192)   # the specialized (constexpr H) sizes
+NORM_BLOCK = 256
+HIDDEN_MIN, HIDDEN_MAX = 256, 16384   # what the runtime-H kernels serve (multiples of PACK)
+# the runtime-H classes: bounds of 1, 2, 3, 4, 6 and 8 packs per thread; a size H runs on
+# the smallest bound >= H, so at most one slot of a thread (its last) is masked, and the
+# common sizes 6144 and 12288 fill their bound as the specialized kernels do
+RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 3, 4, 6, 8))
+# Runtime-H bounds of at most this many packs per thread (MAXH <= 8192) read every slot
+# unconditionally (`pack_slot`): guarded, each slot's loads wait in their own branch (1.2-1.46x
+# the specialized kernels' time on the H200). At 8 packs the clamped reads spilled 148-260
+# bytes under sm_90's register cap, so MAXH 16384 keeps the guarded reads.
+CLAMPED_PER_THREAD = 4
+CLAMPED_AHEAD = 3    # the most packs of a row residual_norm_row reads ahead where clamped
+
+
+def hidden_rule_error(hidden: Any, entry: str = "") -> str | None:
+    """Why `hidden` cannot be served by any kernel (None when it can); `entry` names the
+    caller in the message."""
+    if (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden % PACK
+            or not HIDDEN_MIN <= hidden <= HIDDEN_MAX):
+        return (f"hidden size {hidden!r} is not supported{' for ' + entry if entry else ''}: "
+                f"it must be a multiple of {PACK} in [{HIDDEN_MIN}, {HIDDEN_MAX}] (whole "
+                "16-byte packs of bf16/fp16)")
+    return None
+
+
+def runtime_class(hidden: int, classes: "tuple[int, ...]" = RUNTIME_MAXH) -> int | None:
+    """The smallest runtime-H bound (MAXH) of `classes` that covers `hidden`, else None."""
+    return min((c for c in classes if c >= hidden), default=None)
+
+
+class RuntimeHidden:
+    """The hidden size of a runtime-H kernel: `hidden`, a traced i32 (a multiple of PACK in
+    [1, max_hidden], which the host checks), and `max_hidden`, the constexpr bound that fixes
+    how many pack slots each thread has."""
+
+    def __init__(self, hidden: Any, max_hidden: int):
+        if max_hidden % (PACK * NORM_BLOCK):
+            raise ValueError(f"MAXH={max_hidden} must be a multiple of {PACK * NORM_BLOCK}")
+        self.hidden = hidden
+        self.packs = hidden >> 3          # PACK elements per pack, hidden > 0
+        self.per_thread = max_hidden // (PACK * NORM_BLOCK)
+
+
+Hidden = Union[int, RuntimeHidden]   # what the row helpers take as H
+
+
+def row_geometry(H: Hidden) -> tuple[Any, int]:
+    """(packs per row, packs per thread): packs is traced for a RuntimeHidden."""
+    if isinstance(H, RuntimeHidden):
+        return H.packs, H.per_thread
+    packs = H // PACK
+    return packs, (packs + NORM_BLOCK - 1) // NORM_BLOCK
+
+
+def hidden_f32(H: Hidden) -> Any:
+    """H as the f32 divisor of the mean of squares (exact: H <= 2^24 either way)."""
+    if isinstance(H, RuntimeHidden):
+        return H.hidden.to_f32()
+    return float(H)
+
+
+def pack_valid(H: Hidden, k: int) -> Any:
+    """Whether this thread's k-th pack lies inside the row (a Python True when always)."""
+    packs, _ = row_geometry(H)
+    if not isinstance(H, RuntimeHidden):
+        if packs % NORM_BLOCK == 0:
+            return True
+    return dsl.thread_id() + k * NORM_BLOCK < packs
+
+
+def pack_index(k: int) -> Any:
+    return dsl.thread_id() + k * NORM_BLOCK
+
+
+def clamps_reads(H: Hidden) -> bool:
+    """Whether the row helpers read every pack slot of H unconditionally (`pack_slot`)."""
+    return isinstance(H, RuntimeHidden) and H.per_thread <= CLAMPED_PER_THREAD
+
+
+def pack_slot(H: Hidden, k: int) -> tuple[Any, Any]:
+    """(p, valid): the index within the row that this thread's k-th pack slot reads, and
+    whether the slot lies inside the row (pack_valid). p is pack_index(k), except where H
+    clamps its reads (clamps_reads): there a slot past the row reads the row's first pack
+    (inside every row), so its loads need no branch, and the caller replaces the values with
+    `masked(valid, ...)`'s exact zeros; stores stay under `if valid`."""
+    valid = pack_valid(H, k)
+    p = pack_index(k)
+    if clamps_reads(H):
+        p = dsl.select(valid, p, 0)
+    return p, valid
+
+
+def read_index(H: Hidden, k: int) -> Any:
+    """pack_slot(H, k)'s index alone, for an `ar_pack` of residual_norm_row: nothing but
+    pack_index(k) is traced where H does not clamp its reads."""
+    if clamps_reads(H):
+        return pack_slot(H, k)[0]
+    return pack_index(k)
+
+
+def masked(valid: Any, vals: list) -> list:
+    """vals where the slot is inside the row, else exact (+0) zeros."""
+    return [dsl.select(valid, v, 0.0) for v in vals]
