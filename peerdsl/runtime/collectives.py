@@ -347,8 +347,8 @@ class Collectives(CallIdentity):
         grid = max(1, min(rows, self.max_grid, layout.MAX_BLOCKS))
         self._launch(rk.name, constexprs, grid, args)
         if gather_kernel is not None:
-            self._launch(*self._gather_launch(gather_kernel, T, args), self._local_grid(rows),
-                         local=True)
+            name, cx, gather_args = self._gather_launch(gather_kernel, T, args)
+            self._launch(name, cx, self._local_grid(rows), gather_args, local=True)
         result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)
         if quant_after:
             q, scale = self.per_token_quant_fp8(result.out)
