@@ -132,6 +132,27 @@ def single_gpu(torch, build: str, hidden: int, dev) -> dict:
     return table
 
 
+def triton_alone(torch, hiddens, dev) -> dict:
+    """{H: {rows: us}} of the Triton add + RMSNorm with the GPU to itself (the issue's
+    baseline adds this to vLLM's all-reduce), four rotating input sets."""
+    tri = triton_add_rmsnorm()
+    table = {}
+    for hidden in hiddens:
+        w = torch.rand(hidden, device=dev, dtype=torch.bfloat16) + 0.5
+        table[str(hidden)] = {}
+        for rows in ROWS:
+            sets = [[torch.randn(rows, hidden, device=dev, dtype=torch.bfloat16)
+                     for _ in range(2)] for _ in range(4)]
+            out, rout = torch.empty_like(sets[0][0]), torch.empty_like(sets[0][0])
+            k = [0]
+
+            def call():
+                k[0] = (k[0] + 1) % 4
+                tri(*sets[k[0]], w, out, rout)
+            table[str(hidden)][str(rows)] = graph_time_us(torch, call, dev)
+    return table
+
+
 def _torch_quant(torch, x, q, scale):
     f = x.float()
     s = f.abs().amax(-1, keepdim=True) * (1.0 / 448.0)
@@ -163,9 +184,14 @@ def copy_bandwidth(torch, dev) -> dict:
 
 # ----------------------------------------------------------------------------- ranks
 
-def rank_main(rank, world, port, build, hiddens) -> dict:
+def rank_main(rank, world, port, build, hiddens, vllm_lib=None) -> dict:
     torch, dist, dev, comm, sync = rank_communicator(rank, world, port, build)
     result = {"null_us": graph_time_us(torch, comm.null_collective, dev, sync), "rows": {}}
+    peer = None
+    if vllm_lib:  # vLLM's all-reduce and the Triton norm, timed beside ours (peer_vllm.py)
+        from benchmarks.peer_vllm import VllmAllReduce, peer_timings
+        peer = VllmAllReduce(vllm_lib, rank, world, dist, max(ROWS) * max(hiddens) * 2)
+        tri = triton_add_rmsnorm()
     for hidden in hiddens:
         for rows in ROWS:
             x, res, w = norm_inputs(torch, rows, hidden, dev)
@@ -183,6 +209,9 @@ def rank_main(rank, world, port, build, hiddens) -> dict:
                  # (ar_us + rms_us times each alone, back to back, so the ranks' skews do not add)
                  "pair_us": graph_time_us(torch, lambda: comm.add_rmsnorm(
                      comm.all_reduce(x), res, w), dev, sync, cap)}
+            if peer is not None:
+                r.update(peer_timings(torch, graph_time_us, peer, comm, tri, x, res, w, dev,
+                                      sync))
             if os.environ.get("BENCH_SWEEP", "1") == "1":  # every valid path: the thresholds
                 r["paths_us"] = forced_paths(torch, comm, x, res, w, dev, sync)
             if rows == 16 and hidden == hiddens[0]:  # host cost of one eager call
@@ -288,6 +317,10 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, nargs="+", default=[6144])
     ap.add_argument("--json", default=None)
     ap.add_argument("--replot", metavar="JSON", help="redraw the table and plot of a saved run")
+    ap.add_argument("--vllm-header", metavar="DIR",
+                    help="also time vLLM's custom all-reduce (its header in DIR: "
+                         "scripts/peer_sources.sh) and the vLLM + Triton pair, side by side")
+    ap.add_argument("--vllm-lib", help=argparse.SUPPRESS)
     ap.add_argument("--rank-worker", nargs=3, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--host-cost", action="store_true",
                     help="only the host cost of one eager call, plain and prepared, back to "
@@ -304,8 +337,8 @@ def main() -> int:
         return 0
     if args.rank_worker:
         rank, world, port = args.rank_worker
-        print("REPORT " + json.dumps(rank_main(rank, world, port, args.build, args.hidden)),
-              flush=True)
+        print("REPORT " + json.dumps(rank_main(rank, world, port, args.build, args.hidden,
+                                               args.vllm_lib)), flush=True)
         return 0
     import torch
     dev = torch.device("cuda:0")
@@ -315,10 +348,16 @@ def main() -> int:
                "single_gpu": single_gpu(torch, args.build, args.hidden[0], dev)}
     print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s ("
           + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in ways.items()) + ")", flush=True)
+    peer_args = []
+    if args.vllm_header:
+        from benchmarks.peer_vllm import build_shim
+        lib = build_shim(args.vllm_header, os.environ.get("OUT") or ".")
+        peer_args = ["--vllm-lib", lib]
+        summary["triton_alone_us"] = triton_alone(torch, args.hidden, dev)
     with rank_env(max(args.tp)) as env:
         for tp in args.tp:
             reps = run_ranks([sys.executable, __file__, "--build", args.build, "--hidden",
-                              *map(str, args.hidden)], tp, env, timeout_s=400)
+                              *map(str, args.hidden), *peer_args], tp, env, timeout_s=600)
             if reps is None:
                 return 1
             summary[f"tp{tp}"] = merge(reps)
@@ -327,6 +366,9 @@ def main() -> int:
     with open(path, "w") as f:
         json.dump(summary, f, indent=1)
     print(report(summary))
+    if args.vllm_header:
+        from benchmarks.peer_vllm import peers_table
+        print(peers_table(summary))
     for tp in [k for k in summary if k.startswith("tp")]:
         print(f"host profile {tp}:\n{summary[tp].get('host_profile', '')}")
     plot(summary, os.path.splitext(path)[0] + ".png")

@@ -12,8 +12,7 @@ def merge(reps: list[dict]) -> dict:
            "host_us": max(r.get("host_us", 0) for r in reps),
            "host_profile": reps[0].get("host_profile", ""), "rows": {}}
     for key, first in reps[0]["rows"].items():
-        row = out["rows"][key] = {k: (max(r["rows"][key][k] for r in reps)
-                                      if k.endswith("_us") and k != "paths_us" else first[k])
+        row = out["rows"][key] = {k: _merged(k, [r["rows"][key][k] for r in reps])
                                   for k in first}
         if "paths_us" in first:
             row["paths_us"] = {p: max(r["rows"][key]["paths_us"][p] for r in reps)
@@ -22,6 +21,15 @@ def merge(reps: list[dict]) -> dict:
             if bad:
                 row["paths_us"]["mismatch"] = bad
     return out
+
+
+def _merged(key: str, values: list):
+    """One rank-merged value: the slowest rank's time, every rank's check, else rank 0's."""
+    if isinstance(values[0], bool):
+        return all(values)
+    if key.endswith("_us") and key != "paths_us":
+        return max(values)
+    return values[0]
 
 
 def report(summary: dict) -> str:

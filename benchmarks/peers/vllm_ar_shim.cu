@@ -1,0 +1,111 @@
+// C entry points over vLLM's custom all-reduce kernels, so benchmarks/peer_vllm.py can time
+// them in the same rank processes, graphs and run as ours (issue 15: "measured side by side
+// in one run"). The kernels and their Signal protocol are vLLM's, from the header FlashInfer
+// vendors (include/flashinfer/comm/vllm_custom_all_reduce.cuh, "adapted from vllm v0.8.2");
+// that header is not part of this repository: scripts/peer_sources.sh copies it into
+// peers_src/ (git-ignored) and the benchmark builds this file on the GPU machine with
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -I peers_src \
+//        benchmarks/peers/vllm_ar_shim.cu -lcuda -o libvllm_ar.so
+//
+// Every entry returns a cudaError_t (0: success) or a negative code of its own.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "vllm_custom_all_reduce.cuh"
+
+namespace {
+
+constexpr int kNotRegistered = -2;
+constexpr int kBadWorld = -3;
+constexpr int kBadSize = -4;
+
+template <int W>
+void launch(vllm::CustomAllreduce* ar, vllm::RankData* ptrs, nv_bfloat16* out, int packs,
+            int stage, int blocks, int threads, cudaStream_t stream) {
+  if (stage == 1) {
+    vllm::cross_device_reduce_1stage<nv_bfloat16, W>
+        <<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
+  } else {
+    vllm::cross_device_reduce_2stage<nv_bfloat16, W>
+        <<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int vllm_ar_handle_bytes() { return sizeof(cudaIpcMemHandle_t); }
+
+int vllm_ar_signal_bytes() { return sizeof(vllm::Signal); }
+
+int vllm_ar_max_blocks() { return vllm::kMaxBlocks; }
+
+// A zeroed device allocation of `bytes` and its IPC handle (vllm_ar_handle_bytes() bytes).
+int vllm_ar_alloc(size_t bytes, void** ptr, void* handle) {
+  cudaError_t e = cudaMalloc(ptr, bytes);
+  if (e != cudaSuccess) return e;
+  e = cudaMemset(*ptr, 0, bytes);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return e;
+  return cudaIpcGetMemHandle(static_cast<cudaIpcMemHandle_t*>(handle), *ptr);
+}
+
+int vllm_ar_open(const void* handle, void** ptr) {
+  return cudaIpcOpenMemHandle(ptr, *static_cast<const cudaIpcMemHandle_t*>(handle),
+                              cudaIpcMemLazyEnablePeerAccess);
+}
+
+// signals[r]: rank r's Signal (followed by its two-stage scratch), opened in this process.
+void* vllm_ar_create(void** signals, void* rank_data, size_t rank_data_bytes, int rank,
+                     int world) {
+  return new vllm::CustomAllreduce(reinterpret_cast<vllm::Signal**>(signals), rank_data,
+                                   rank_data_bytes, rank, world);
+}
+
+// ptrs[r]: rank r's input buffer, opened in this process (ptrs[rank] is this rank's own).
+int vllm_ar_register(void* ar, void** ptrs) {
+  try {
+    static_cast<vllm::CustomAllreduce*>(ar)->register_buffer(ptrs);
+  } catch (...) {
+    return -1;
+  }
+  return 0;
+}
+
+// bf16 all-reduce of `numel` elements of the registered `input` into `output` on `stream`.
+// stage 1 or 2 forces that kernel; 0 takes vLLM's own choice (CustomAllreduce::allreduce's
+// rule, restated here because that method asks a capturing stream for graph registration).
+int vllm_ar_bf16(void* ar_handle, void* input, void* output, long numel, int stage,
+                 int block_limit, int threads, void* stream) {
+  auto* ar = static_cast<vllm::CustomAllreduce*>(ar_handle);
+  auto it = ar->buffers_.find(input);
+  if (it == ar->buffers_.end()) return kNotRegistered;
+  if (numel % 8 != 0 || block_limit < 1 || block_limit > vllm::kMaxBlocks) return kBadSize;
+  const int packs = static_cast<int>(numel / 8);
+  const long bytes = numel * 2;
+  const int world = ar->world_size_;
+  if (stage == 0) {
+    const bool one = world == 2 || (world <= 4 && bytes < 512 * 1024) ||
+                     (world <= 8 && bytes < 256 * 1024);
+    stage = one ? 1 : 2;
+  }
+  const int blocks = std::min(block_limit, (packs + threads - 1) / threads);
+  auto* out = static_cast<nv_bfloat16*>(output);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (world) {
+    case 2: launch<2>(ar, it->second, out, packs, stage, blocks, threads, s); break;
+    case 4: launch<4>(ar, it->second, out, packs, stage, blocks, threads, s); break;
+    case 8: launch<8>(ar, it->second, out, packs, stage, blocks, threads, s); break;
+    default: return kBadWorld;
+  }
+  return cudaGetLastError();
+}
+
+void vllm_ar_destroy(void* ar) { delete static_cast<vllm::CustomAllreduce*>(ar); }
+
+}  // extern "C"
