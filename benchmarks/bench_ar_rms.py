@@ -32,7 +32,9 @@ from benchmarks.bench_report import merge, plot, report  # noqa: E402
 from benchmarks.rank_harness import (norm_inputs, rank_communicator, rank_env,  # noqa: E402
                                      replay_median_us, run_ranks)
 
-ROWS = [1, 16, 64, 256, 384, 1024, 2048, 4096]
+# BENCH_ROWS="1 16" narrows the rows of a run (a quick before/after); BENCH_SINGLE_GPU=0
+# leaves out the single-GPU peers (torch eager / compile / Triton at hidden[0])
+ROWS = [int(n) for n in os.environ.get("BENCH_ROWS", "1 16 64 256 384 1024 2048 4096").split()]
 CALLS, REPLAYS = 20, 30
 
 
@@ -344,8 +346,9 @@ def main() -> int:
     dev = torch.device("cuda:0")
     ways = copy_bandwidth(torch, dev)
     summary = {"bandwidth_Bps": max(ways.values()), "bandwidth_ways_Bps": ways,
-               "hidden": args.hidden,
-               "single_gpu": single_gpu(torch, args.build, args.hidden[0], dev)}
+               "hidden": args.hidden, "single_gpu": {}}
+    if os.environ.get("BENCH_SINGLE_GPU", "1") == "1":
+        summary["single_gpu"] = single_gpu(torch, args.build, args.hidden[0], dev)
     print(f"copy bandwidth {summary['bandwidth_Bps'] / 1e12:.2f} TB/s ("
           + ", ".join(f"{k} {v / 1e12:.2f}" for k, v in ways.items()) + ")", flush=True)
     peer_args = []

@@ -72,6 +72,8 @@ def report(summary: dict) -> str:
                          + f" | {summary[tp]['rows'][key]['path']} | "
                          + (", ".join(paths.get("mismatch", [])) or "none") + " |")
     h0 = summary.get("hidden", [6144])[0]
+    if not summary.get("single_gpu"):
+        return "\n".join(lines)
     lines.append("\nSingle GPU add + RMSNorm, H=%d bf16, us (copy %.2f TB/s)" % (h0, bw / 1e12))
     lines.append("| rows | torch eager | torch.compile | Triton | peerdsl | peerdsl % of floor | "
                  "torch quant | peerdsl quant |")

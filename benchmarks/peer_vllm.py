@@ -32,6 +32,9 @@ def build_shim(header_dir: str, out_dir: str) -> str:
         raise FileNotFoundError(f"{header} is missing: run scripts/peer_sources.sh first")
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     lib = os.path.join(out_dir, "libvllm_ar.so")
+    if os.path.exists(lib) and os.path.getmtime(lib) > max(os.path.getmtime(SHIM),
+                                                           os.path.getmtime(header)):
+        return lib  # built by an earlier run of this call
     cmd = [nvcc, "-O3", "-std=c++17", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC",
            "-I", header_dir, SHIM, "-o", lib]
     done = subprocess.run(cmd, capture_output=True, text=True)

@@ -24,6 +24,7 @@ class _State:
         self.signals: list[Any] = []  # Signals made by the kernel: each must be finished
         self.entry_ops = 0  # ops spliced at the top of the kernel body (emit_at_entry)
         self.own_ranks: set[int] = set()  # ids of values holding this rank (values.is_own_rank)
+        self.writes = 0  # stores and atomics traced so far (Signal.start: what to release)
 
 
 _state: _State | None = None
@@ -74,9 +75,14 @@ def in_block(block: ir.Block) -> Iterator[ir.Block]:
         st.blocks.pop()
 
 
+_WRITES = ("store", "atomic", "cas")
+
+
 def emit(name: str, operands: list[ir.Value], result_types: list[Any], **attrs: Any) -> ir.Op:
     st = state()
     op = ir.Op(name, list(operands), [], attrs, loc=user_location())
+    if name in _WRITES:
+        st.writes += 1
     op.results = [ir.Value(t, op) for t in result_types]
     st.blocks[-1].ops.append(op)
     return op

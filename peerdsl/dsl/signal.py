@@ -3,8 +3,9 @@ rules and why they are safe: docs/RELIABILITY.md).
 
 Per-block epochs live in device memory (the Signal's epoch words), so graph replay and
 kernels of different kinds sharing the Signal all advance the same counters. A barrier
-arrival is one 8-byte release store of {epoch, tag} into the peer's slot (the tag names the
-call: `dsl.CallId`); the wait acquires until the slot's epoch has reached the target,
+arrival is one 8-byte release store of {epoch, tag} into the peer's slot (relaxed for a
+start barrier before the kernel's first write: `Signal.start`; the tag names the call:
+`dsl.CallId`); the wait acquires until the slot's epoch has reached the target,
 compared wrap-safely (`wge`: the sign of the 32-bit difference), then checks in registers:
 
   - epoch == target, tag != this call's tag  -> mismatch: the ranks launched different calls
@@ -176,7 +177,7 @@ class Signal:
                 ok = ok & (flag != 0)
         return ok
 
-    def _barrier(self, what: int) -> None:
+    def _barrier(self, what: int, order: str = "release") -> None:
         if len(state().blocks) != self._depth or self.finished:
             raise TraceError(
                 f"{user_location()}: Signal barriers must run at the level the Signal was made, "
@@ -190,7 +191,7 @@ class Signal:
             ok_before = self._ok_after(k - 1)
             tag = select(ok_before, self.tag, self.tag | layout.TAG_ABORT)
             word = (tag.zext(ir.i64) << 32) | epoch.zext(ir.i64)
-            store(self._slot(self.peers[t], self.rank), word, "system", "release")
+            store(self._slot(self.peers[t], self.rank), word, "system", order)
             ok = _wait_slot(self._slot(self.self_sig, t), epoch, self.tag,
                             select(ok_before, self._limit, 0), self.self_sig, self.rank, t,
                             what)
@@ -199,9 +200,13 @@ class Signal:
 
     def start(self) -> None:
         """Every rank's block has arrived: peers' inputs of this launch may be read. The block
-        barrier first makes the release cover what every wave of the block wrote before."""
+        barrier first makes the release cover what every wave of the block wrote before.
+        Where the kernel has written nothing yet (traced no store or atomic), the arrival is
+        a relaxed system-scope store: what peers read was written by earlier launches, which
+        the launch boundary publishes, and a release would only add a system fence (the
+        waits stay acquire, SPEC section 3)."""
         barrier()
-        self._barrier(layout.WAIT_START)
+        self._barrier(layout.WAIT_START, "release" if state().writes else "relaxed")
 
     def sync(self) -> None:
         """A barrier between phases: what this block wrote before is visible to the peers."""
