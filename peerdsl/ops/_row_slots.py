@@ -34,6 +34,22 @@ CLAMPED_PER_THREAD = 4
 CLAMPED_AHEAD = 3    # the most packs of a row residual_norm_row reads ahead where clamped
 
 
+def norm_min_blocks(hidden: int, runtime_h: bool = False) -> int:
+    """The blocks per SM a one-block-per-row norm kernel asks the compiler to fit (its
+    `min_blocks`; 0: the compiler's choice) for H, or MAXH where `runtime_h`. Such a kernel
+    (add + RMSNorm, the split fused kernel's gather) keeps a row's loads in flight per
+    block, so rows in flight per SM set its speed: at H = 2880 the Triton add + RMSNorm, at
+    4 rows per SM, ran 1.31x faster than ours at 3 (call H3, RESULTS.md). Fitted to sm_90's
+    registers with no spill (ptxas 12.9): 4 blocks where a thread holds at most 2 packs
+    (58-64 registers, from 71-80), but a runtime-H thread's clamped slots take more: 4 at 1
+    pack, 3 at 2 (79-80 registers, from 96-101). More packs: the default (3 packs at M = 4
+    spilled 34 bytes)."""
+    per_thread = -(-hidden // (PACK * NORM_BLOCK))
+    if runtime_h:
+        return {1: 4, 2: 3}.get(per_thread, 0)
+    return 4 if per_thread <= 2 else 0
+
+
 def hidden_rule_error(hidden: Any, entry: str = "") -> str | None:
     """Why `hidden` cannot be served by any kernel (None when it can); `entry` names the
     caller in the message."""

@@ -20,8 +20,8 @@ from ..dsl.lib import FP8_NAN, i8_const
 from ._row_slots import (CLAMPED_AHEAD, CLAMPED_PER_THREAD, HIDDEN_MAX, HIDDEN_MIN,  # noqa: F401
                          NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, Hidden,
                          RuntimeHidden, clamps_reads, hidden_f32, hidden_rule_error, masked,
-                         pack_index, pack_slot, pack_valid, read_index, row_geometry,
-                         runtime_class)
+                         norm_min_blocks, pack_index, pack_slot, pack_valid, read_index,
+                         row_geometry, runtime_class)
 
 FLAG_GEMMA = 1       # runtime flags of the norm kernels
 FLAG_FP8 = 2

@@ -10,7 +10,7 @@ bound MAXH (ops/_row_slots.py RuntimeHidden), and gives the same bytes at the sa
 from .. import dsl
 from ..dsl import Ptr, constexpr
 from ._rows import (CLAMPED_PER_THREAD, NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN,
-                    RuntimeHidden, residual_norm_row, row_pack_reader)
+                    RuntimeHidden, norm_min_blocks, residual_norm_row, row_pack_reader)
 from .registry import register
 
 
@@ -22,32 +22,34 @@ def norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags
                           weight, eps, flags, out, q, scale, FP8, R, CLAMPED_PER_THREAD)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size=NORM_BLOCK, min_blocks="M")
 def add_rmsnorm(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                 residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
                 eps: dsl.f32, flags: dsl.i32, T: constexpr, H: constexpr, FP8: constexpr,
-                R: constexpr = 1):
-    # R: packs of a row read before any is stored (0: the whole row), per target
+                R: constexpr = 1, M: constexpr = 0):
+    # R: packs of a row read before any is stored (0: the whole row), per target; M: the
+    # blocks per SM it must fit (_row_slots.norm_min_blocks)
     norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8, R)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size=NORM_BLOCK, min_blocks="M")
 def add_rmsnorm_runtime_h(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                           residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                           rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32, flags: dsl.i32,
-                          T: constexpr, MAXH: constexpr, FP8: constexpr, R: constexpr = 1):
+                          T: constexpr, MAXH: constexpr, FP8: constexpr, R: constexpr = 1,
+                          M: constexpr = 0):
     norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T,
               RuntimeHidden(hidden, MAXH), FP8, R)
 
 
 def variants(target):
-    return [{"T": T, "H": H, "FP8": target.fp8_format, "R": target.row_reads_ahead}
-            for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
+    return [{"T": T, "H": H, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             "M": norm_min_blocks(H)} for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "R": target.row_reads_ahead}
-            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
+    return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             "M": norm_min_blocks(M, True)} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
 
 
 register("add_rmsnorm", add_rmsnorm, variants)

@@ -18,7 +18,8 @@ targets keep the one-launch kernel.
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, constexpr
 from ._collective import WORLDS
-from ._rows import NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden
+from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
+                    norm_min_blocks)
 from .fused_ar_rms_2stage import gather_norm_rows, shard_sources
 from .registry import register
 
@@ -40,7 +41,7 @@ def fused_ar_rms_gather(staging: PeerPtrs["T"], residual: Ptr["T"], weight: Ptr[
                         H: constexpr, W: constexpr, FP8: constexpr, R: constexpr = 1,
                         M: constexpr = 0):
     # R: packs of a row read before any is stored (0: the whole row), per target; M: the
-    # blocks per SM it must fit (0: the target's default), variants()
+    # blocks per SM it must fit (0: the compiler's choice; _row_slots.norm_min_blocks)
     gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, rank, rows, eps,
                 flags, T, H, W, FP8, R)
 
@@ -57,20 +58,11 @@ def fused_ar_rms_gather_runtime_h(staging: PeerPtrs["T"], residual: Ptr["T"],
                 flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
 
 
-def fitted_blocks(H: int) -> int:
-    """M: 3 blocks per SM where a thread holds at most 2 packs of a row (H or MAXH <= 4096):
-    ptxas then fits the kernel in 80 registers with no spill, where by default it took
-    85-104 and so 2 blocks (25% occupancy; add_rmsnorm at 2880 has 79 and 3 blocks: the
-    gather ran 1.3x slower with the same bytes, Nsight Compute on the H200, RESULTS.md).
-    With 3 packs the cap spilled 12-106 bytes: the default (0) there."""
-    return 3 if -(-H // (PACK * NORM_BLOCK)) <= 2 else 0
-
-
 def variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
     return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": fitted_blocks(H)}
+             "M": norm_min_blocks(H)}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
             if (H // PACK) % W == 0]
 
@@ -79,7 +71,7 @@ def runtime_h_variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": fitted_blocks(M)}
+             "M": norm_min_blocks(M, True)}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 
