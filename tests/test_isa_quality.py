@@ -157,12 +157,15 @@ def hip_reference(tmp_path_factory):
     return Q.reference(str(d))
 
 
-# fused_ar_rms_1stage at W=2 misses it below H=8192 (48-64 VGPRs against 42-58): there the
-# most VGPRs go to the FP8 and masked-pack epilogues, which the HIP reference does not have
+# fused_ar_rms_1stage at W=2 misses it at H=4096 and 6144 (51 and 61 VGPRs against 42 and
+# 48): there the most VGPRs go to the FP8 epilogue (s * inv of the whole row beside one
+# pack's codes), which the HIP reference does not have. At 2880 and 7168 (a masked last
+# slot) the epilogue keeps T out packs instead (ops/_rows.py _carries_out_packs).
 @pytest.mark.parametrize("op,cx", [("allreduce_ll", {"W": W}) for W in (2, 4, 8)]
                          + [("fused_ar_rms_1stage", {"H": H, "W": W})
                             for H in (2880, 4096, 6144, 7168, 8192) for W in (4, 8)]
-                         + [("fused_ar_rms_1stage", {"H": 8192, "W": 2})])
+                         + [("fused_ar_rms_1stage", {"H": H, "W": 2})
+                            for H in (2880, 7168, 8192)])
 def test_vgprs_within_ten_percent_of_the_hip_reference(hip_reference, op, cx):
     ref = hip_reference[(op, tuple(cx.items()))]
     assert compiled(op, **cx).resources["vgpr"] <= 1.1 * ref["vgpr"]

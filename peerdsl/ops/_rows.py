@@ -196,16 +196,50 @@ def rmsnorm_epilogue(s: list, row: Any, H: Hidden, T: Any, weight: Any, eps: Any
     # of w + 1 and w held both in registers
     w_add = dsl.select((flags & FLAG_GEMMA) != 0, 1.0, -0.0)
     fp8 = (flags & FLAG_FP8) != 0
+    if _carries_out_packs(H):
+        # out in T once per pack, for its store and for the FP8 codes (SPEC 2.4 quantizes
+        # the T-rounded out: its T bits are all the codes need)
+        outs = [_out_pack(s[k], weight, H, k, T, inv, w_add, w[k]) for k in range(per_thread)]
+        out_pack = outs.__getitem__
+        out_f32 = lambda k: outs[k].to_f32()  # noqa: E731
+    else:
+        out_pack = lambda k: dsl.pack_rne(normed_pack(s[k], weight, k, T, inv, w_add, w[k]),  # noqa: E731
+                                          T)
+        out_f32 = lambda k: [v.to(T).to_f32()  # noqa: E731
+                             for v in normed_pack(s[k], weight, k, T, inv, w_add, w[k])]
     if (not fp8) or ((flags & FLAG_MIRROR) != 0):
         vec = base_packs(out, T)
         for k in range(per_thread):
             if pack_valid(H, k):
-                vec[row * packs + pack_index(k)] = dsl.pack_rne(
-                    normed_pack(s[k], weight, k, T, inv, w_add, w[k]), T)
+                vec[row * packs + pack_index(k)] = out_pack(k)
     if fp8:
-        quant_row_fp8(lambda k: [v.to(T).to_f32() for v in normed_pack(s[k], weight, k, T, inv,
-                                                                      w_add, w[k])],
-                      row, H, q, scale, fmt)
+        quant_row_fp8(out_f32, row, H, q, scale, fmt)
+
+
+def _carries_out_packs(H: Hidden) -> bool:
+    """Whether rmsnorm_epilogue computes each out pack once and keeps it for the FP8 codes
+    (else the codes recompute it from s, reading the weight pack again). A constexpr H
+    whose row ends inside a block's last slot (2880, 7168) tests every pack's slot, so each
+    pack's codes sit in a branch of their own and are computed one pack at a time: there
+    keeping the out packs (16 x 8 at W=2, H=2880) holds fewer registers than keeping s * inv,
+    which LLVM shares between the passes (gfx1250: 48 -> 34 VGPRs at H=2880, 64 -> 50 at
+    7168). Where the packs are straight-line code nothing orders one pack's codes after
+    another's, and LLVM interleaves the whole row's (4096: 51 -> 58, 8192: 63 -> 78); the
+    weight reads between the passes' stores keep them one pack at a time."""
+    return isinstance(H, int) and (H // PACK) % NORM_BLOCK != 0
+
+
+def _out_pack(s_k: list, weight: Any, H: Hidden, k: int, T: Any, inv: Any, w_add: Any,
+              w: "list | None") -> Any:
+    """T(normed_pack) of this thread's k-th pack; a slot past the row reads no weight (its
+    pack is never stored nor quantized) and holds zeros."""
+    valid = pack_valid(H, k)
+    if w is not None or valid is True:
+        return dsl.pack_rne(normed_pack(s_k, weight, k, T, inv, w_add, w), T)
+    o = dsl.pack([0.0] * PACK, T)
+    if valid:
+        o = dsl.pack_rne(normed_pack(s_k, weight, k, T, inv, w_add), T)
+    return o
 
 
 def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: Any, residual: Any,
