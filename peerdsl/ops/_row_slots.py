@@ -31,7 +31,7 @@ RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 3, 4, 6, 8))
 # the specialized kernels' time on the H200). At 8 packs the clamped reads spilled 148-260
 # bytes under sm_90's register cap, so MAXH 16384 keeps the guarded reads.
 CLAMPED_PER_THREAD = 4
-CLAMPED_AHEAD = 3    # the most packs of a row residual_norm_row reads ahead where clamped
+CLAMPED_AHEAD = 4    # the most packs of a row residual_norm_row reads ahead where clamped
 
 
 def hidden_rule_error(hidden: Any, entry: str = "") -> str | None:
@@ -100,24 +100,31 @@ def clamps_reads(H: Hidden) -> bool:
 
 
 def pack_slot(H: Hidden, k: int) -> tuple[Any, Any]:
-    """(p, valid): the index within the row that this thread's k-th pack slot reads, and
-    whether the slot lies inside the row (pack_valid). p is pack_index(k), except where H
-    clamps its reads (clamps_reads): there a slot past the row reads the row's first pack
-    (inside every row), so its loads need no branch, and the caller replaces the values with
-    `masked(valid, ...)`'s exact zeros; stores stay under `if valid`."""
-    valid = pack_valid(H, k)
-    p = pack_index(k)
-    if clamps_reads(H):
-        p = dsl.select(valid, p, 0)
-    return p, valid
+    """(p, valid): the index within the row of this thread's k-th pack slot (pack_index(k))
+    and whether the slot lies inside the row (pack_valid)."""
+    return pack_index(k), pack_valid(H, k)
 
 
 def read_index(H: Hidden, k: int) -> Any:
-    """pack_slot(H, k)'s index alone, for an `ar_pack` of residual_norm_row: nothing but
-    pack_index(k) is traced where H does not clamp its reads."""
-    if clamps_reads(H):
-        return pack_slot(H, k)[0]
+    """The index within the row that this thread's k-th pack slot reads (pack_index(k));
+    where H clamps its reads, read it through `slot_pack`."""
     return pack_index(k)
+
+
+def slot_pack(vec: Any, i: Any, H: Hidden, k: int) -> Any:
+    """vec[i], the pack of this thread's k-th slot. Where H clamps its reads (clamps_reads),
+    a slot past the row gives a pack of +0 instead: the load alone sits under `if valid`,
+    so the target predicates it (no branch around a use: the loads of all slots stay in
+    flight together) and its index needs no clamping, nor a register per slot (the slots'
+    addresses stay one base and constant offsets, as in the specialized kernels). The +0
+    values are what a masked slot must hold (module docstring): f32(+0) + f32(+0) = +0."""
+    if not clamps_reads(H):
+        return vec[i]
+    t = vec.elem
+    v = dsl.pack([0.0 if t.elem.is_float else 0] * t.count, t.elem)
+    if pack_valid(H, k):
+        v = vec[i]
+    return v
 
 
 def masked(valid: Any, vals: list) -> list:

@@ -19,7 +19,7 @@ from ..dsl.lib import FP8_NAN, i8_const
 # the geometry, re-exported: the ops and the runtime import it from here
 from ._row_slots import (CLAMPED_AHEAD, CLAMPED_PER_THREAD, HIDDEN_MAX, HIDDEN_MIN,  # noqa: F401
                          NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, Hidden,
-                         RuntimeHidden, clamps_reads, hidden_f32, hidden_rule_error, masked,
+                         RuntimeHidden, clamps_reads, hidden_f32, hidden_rule_error, masked, slot_pack,
                          pack_index, pack_slot, pack_valid, read_index, row_geometry,
                          runtime_class)
 
@@ -37,8 +37,7 @@ def load_row_packs(base: Any, row: Any, H: Hidden, T: Any) -> list:
     out = []
     for k in range(per_thread):
         if clamps_reads(H):
-            p, valid = pack_slot(H, k)
-            vals = masked(valid, vec[row * packs + p].to_f32())
+            vals = slot_pack(vec, row * packs + pack_index(k), H, k).to_f32()
         else:
             vals = [0.0] * PACK
             if pack_valid(H, k):
@@ -163,8 +162,7 @@ def weight_packs(weight: Any, H: Hidden, T: Any) -> list:
     out = []
     for k in range(per_thread):
         if clamps_reads(H):
-            p, valid = pack_slot(H, k)
-            w = masked(valid, vec[p].to_f32())
+            w = slot_pack(vec, pack_index(k), H, k).to_f32()
         else:
             w = [0.0] * PACK
             if pack_valid(H, k):
@@ -249,8 +247,9 @@ def _added_pack(ar_pack: Callable[[int], list], res: Any, row: Any, H: Hidden, k
     read under `if` or, where H clamps its reads, read at the clamped index and masked."""
     packs, _ = row_geometry(H)
     if clamps_reads(H):
-        p, valid = pack_slot(H, k)
-        return masked(valid, [a + b for a, b in zip(ar_pack(k), res[row * packs + p].to_f32())])
+        # both packs +0 past the row (slot_pack), so is their sum
+        res_k = slot_pack(res, row * packs + pack_index(k), H, k)
+        return [a + b for a, b in zip(ar_pack(k), res_k.to_f32())]
     vals = [0.0] * PACK
     if pack_valid(H, k):
         i = row * packs + pack_index(k)
@@ -292,7 +291,7 @@ def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], l
     """`ar_pack` for residual_norm_row: this thread's k-th pack of row `row` of `base`."""
     packs, _ = row_geometry(H)
     vec = base_packs(base, T)
-    return lambda k: vec[row * packs + read_index(H, k)].to_f32()
+    return lambda k: slot_pack(vec, row * packs + pack_index(k), H, k).to_f32()
 
 
 def base_packs(base: Any, T: Any) -> Any:

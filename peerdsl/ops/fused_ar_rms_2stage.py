@@ -30,18 +30,19 @@ from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (CLAMPED_AHEAD, NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN,
                     RuntimeHidden, pack_index, read_index, residual_norm_row, residual_norm_rows,
-                    row_geometry)
+                    row_geometry, slot_pack)
 from .registry import register
 
 
-def shard_source(H, W, k):
-    """(owner, offset): the rank whose staging holds this thread's k-th pack of a row, and
-    the pack's index in that rank's shard."""
+def shard_source(staging, H, T, W, k):
+    """Where this thread's k-th pack of row 0 lies: in the staging of the rank that owns
+    its shard, at the pack's index in that shard (row r's is r shards further). One pointer
+    per slot, not an owner and an offset: one register pair fewer for each slot to hold."""
     packs, _ = row_geometry(H)
     shard = packs // W
-    p = read_index(H, k)  # (a slot past the row: the clamped pack, where H clamps its reads)
+    p = read_index(H, k)  # (a slot past the row: an owner past W, never read: slot_pack)
     owner = p // shard
-    return owner, p - owner * shard
+    return staging[owner].cast(dsl.vec16(T)) + (p - owner * shard)
 
 
 def gathered_pack(staging, row, H, T, W, k, source=None):
@@ -53,14 +54,13 @@ def gathered_pack(staging, row, H, T, W, k, source=None):
         p = pack_index(k)
         owner = p // shard
         return staging[owner].cast(dsl.vec16(T))[row * shard + (p - owner * shard)].to_f32()
-    owner, offset = source
-    return staging[owner].cast(dsl.vec16(T))[row * shard + offset].to_f32()
+    return slot_pack(source, row * shard, H, k).to_f32()
 
 
 def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scale, rank, rows,
               eps, flags, T, H, W, FP8, R=1, U=0, V=1, E=1, S=0):
     """The kernel body, given its Signal (tests pass a deliberately broken one)."""
-    sources = shard_sources(H, W)
+    sources = shard_sources(staging, H, T, W)
     signal.start()
     if U == 0:
         reduce_scatter_rows(inp, staging, rank, signal.bound(rows), H, T, W)
@@ -78,13 +78,13 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
         signal.finish()
 
 
-def shard_sources(H, W):
+def shard_sources(staging, H, T, W):
     """Each pack slot's shard_source where H is a RuntimeHidden, else Nones. A runtime shard
     size makes each owner a division by a run-time value: done once per slot, before the
     rows (the specialized kernel divides by a constant, inline)."""
     per_thread = row_geometry(H)[1]
     if isinstance(H, RuntimeHidden):
-        return [shard_source(H, W, k) for k in range(per_thread)]
+        return [shard_source(staging, H, T, W, k) for k in range(per_thread)]
     return [None] * per_thread
 
 
@@ -221,7 +221,7 @@ def fitted_schedule(H: int, W: int, U: int, V: int, runtime_h: bool = False) -> 
         return 0, 1
     while U > 1 and U * W > 16:
         U //= 2
-    return U, (V if V * per_thread <= (4 if runtime_h else 6) else 1)
+    return U, (V if V * per_thread <= (6 if runtime_h else 6) else 1)
 
 
 def schedules(target, H, W, runtime_h=False):
