@@ -27,7 +27,6 @@ def gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, ran
                 flags, T, H, W, FP8, R):
     sources = shard_sources(staging, H, T, W)
     n = dsl.select(dsl.staged_ok(sig, rank), rows, 0)
-    # (a whole clamped row of MAXH 8192 ahead spilled 40 bytes: the default 3 ahead)
     gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, eps, flags, T,
                      H, W, FP8, R, 1, sources)
 
