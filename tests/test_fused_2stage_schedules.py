@@ -73,13 +73,20 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
             hits = [v for v in built if all(k in v and v[k] == q for k, q in query.items())]
             assert len(hits) == 1, (op, query, hits)
             want = (int(split) if split is not None
-                    else dispatch.fused_2stage_splits("sm_90", world, size, key == "MAXH"))
+                    else dispatch.fused_2stage_splits("sm_90", world, size))
             assert hits[0].get("S", 0) == want
     monkeypatch.delenv("PEERDSL_FUSED_SPLIT", raising=False)
     assert dispatch.fused_2stage_kernel("sm_90", 4, 8192)["V"] == 1  # two rows would spill
     assert dispatch.fused_2stage_kernel("sm_90", 8, 6144) == {"U": 0, "V": 1, "E": 1, "S": 0}
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144)["V"] == 2
-    assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, runtime_h=True)["V"] == 1
+    # the runtime-H kernel takes the specialized kernel's schedule at its bound: one launch
+    # with two rows at MAXH 6144, the whole row ahead at 8192; split only up to 4096
+    for maxh, world in ((6144, 2), (6144, 4), (8192, 2), (8192, 4)):
+        assert (dispatch.fused_2stage_kernel("sm_90", world, maxh, runtime_h=True)
+                == dispatch.fused_2stage_kernel("sm_90", world, maxh))
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, runtime_h=True)["V"] == 2
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 8192, runtime_h=True)["S"] == 0
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["S"] == 1
     assert dispatch.fused_2stage_kernel("sm_90", 8, 4096, runtime_h=True)["V"] == 1
 
 
@@ -197,7 +204,8 @@ def test_gather_reads_nothing_while_the_error_record_is_set(error_set):
 def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
     """H <= 4096: the split schedule, at TP4 from 2 MiB (the two-stage threshold) and at TP2
     from 4 MiB; H = 6144 keeps the one-launch schedule at TP4 and the one-stage kernel at
-    TP2; the runtime-H kernel splits up to MAXH 8192; W = 8 never splits (not measured)."""
+    TP2; the runtime-H kernel splits where the specialized one does (up to MAXH 4096);
+    W = 8 never splits (not measured)."""
     def plan(world, rows, hidden):
         path = dispatch.plan_fused_ar_rms("sm_90", world, rows, hidden, torch.bfloat16)
         cx = dispatch.fused_2stage_kernel("sm_90", world, hidden) if path == "fused_2stage" else {}
@@ -212,8 +220,9 @@ def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
     assert plan(2, 2048, 6144) == ("fused_1stage", None)
     assert plan(8, 4096, 2880) == ("fused_2stage", 0)
     assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["S"] == 1  # MAXH 4096
-    # runtime-H: split up to MAXH 8192 (5120, 6144, 8192 included), not at 16384 or W = 8
-    for maxh, split in ((6144, 1), (8192, 1), (16384, 0)):
+    # runtime-H: one launch from MAXH 6144 (its predicated reads fit the specialized
+    # schedules), as at 16384 and W = 8
+    for maxh, split in ((6144, 0), (8192, 0), (16384, 0)):
         assert dispatch.fused_2stage_kernel("sm_90", 4, maxh, runtime_h=True)["S"] == split
     assert dispatch.fused_2stage_kernel("sm_90", 8, 8192, runtime_h=True)["S"] == 0
     assert dispatch.plan_fused_ar_rms("gfx1250", 2, 4096, 2880, torch.bfloat16) == "fused_1stage"

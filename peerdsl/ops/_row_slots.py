@@ -7,10 +7,10 @@ H: row loops unroll to exactly the packs the row has) or a `RuntimeHidden` (the 
 kernels: a traced `hidden` and a constexpr bound; each thread has the slots of the bound,
 and a slot past the row is masked at run time). A masked slot holds exact zeros, so it adds
 +0 to a thread's sum of squares (which is never -0) and nothing to its max: the reduction
-order is that of the specialized kernel, and so are the bytes. Up to CLAMPED_PER_THREAD
-slots a masked slot's loads are not skipped but read from a clamped index inside the row and
-the values replaced by those zeros (`pack_slot`), so that every load of a thread's row is in
-flight at once; above it each slot's loads sit in a branch of their own.
+order is that of the specialized kernel, and so are the bytes. Up to PREDICATED_PER_THREAD
+slots a masked slot's loads are predicated off and give +0 packs (`slot_pack`), with no
+branch around their uses, so that every load of a thread's row is in flight at once; above
+it each slot's loads and their uses sit in a branch of their own.
 """
 from __future__ import annotations
 
@@ -27,27 +27,24 @@ HIDDEN_MIN, HIDDEN_MAX = 256, 16384   # what the runtime-H kernels serve (multip
 # common sizes 6144 and 12288 fill their bound as the specialized kernels do
 RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 3, 4, 6, 8))
 # Runtime-H bounds of at most this many packs per thread (MAXH <= 8192) read every slot
-# unconditionally (`pack_slot`): guarded, each slot's loads wait in their own branch (1.2-1.46x
-# the specialized kernels' time on the H200). At 8 packs the clamped reads spilled 148-260
-# bytes under sm_90's register cap, so MAXH 16384 keeps the guarded reads.
-CLAMPED_PER_THREAD = 4
-CLAMPED_AHEAD = 3    # the most packs of a row residual_norm_row reads ahead where clamped
+# through `slot_pack`, predicated: guarded, each slot's loads wait in their own branch (1.2-
+# 1.46x the specialized kernels' time on the H200). The predicated reads hold the registers
+# of the specialized kernels, so whole rows and two rows of MAXH 6144 fit (issue 15 item 5);
+# at 6 packs (MAXH 12288) the fused one-stage kernel spilled 12 bytes (f16, W = 8) and at 8
+# 16-64 bytes under sm_90's 128 registers, so MAXH 12288 and 16384 keep the guarded reads.
+PREDICATED_PER_THREAD = 4
 
 
-def norm_min_blocks(hidden: int, runtime_h: bool = False) -> int:
+def norm_min_blocks(hidden: int) -> int:
     """The blocks per SM a one-block-per-row norm kernel asks the compiler to fit (its
-    `min_blocks`; 0: the compiler's choice) for H, or MAXH where `runtime_h`. Such a kernel
-    (add + RMSNorm, the split fused kernel's gather) keeps a row's loads in flight per
-    block, so rows in flight per SM set its speed: at H = 2880 the Triton add + RMSNorm, at
-    4 rows per SM, ran 1.31x faster than ours at 3 (call H3, RESULTS.md). Fitted to sm_90's
-    registers with no spill (ptxas 12.9): 4 blocks where a thread holds at most 2 packs
-    (58-64 registers, from 71-80), but a runtime-H thread's clamped slots take more: 4 at 1
-    pack, 3 at 2 (79-80 registers, from 96-101). More packs: the default (3 packs at M = 4
-    spilled 34 bytes)."""
-    per_thread = -(-hidden // (PACK * NORM_BLOCK))
-    if runtime_h:
-        return {1: 4, 2: 3}.get(per_thread, 0)
-    return 4 if per_thread <= 2 else 0
+    `min_blocks`; 0: the compiler's choice) for H, or a runtime-H kernel's MAXH. Such a
+    kernel (add + RMSNorm, the split fused kernel's gather) keeps a row's loads in flight
+    per block, so rows in flight per SM set its speed: at H = 2880 the Triton add + RMSNorm,
+    at 4 rows per SM, ran 1.31x faster than ours at 3, and 4 blocks made ours 1.15-1.19x
+    faster (calls H3, H4, RESULTS.md). Fitted to sm_90's registers with no spill (ptxas
+    12.9): 4 blocks where a thread holds at most 2 packs (56-64 registers, from 63-101,
+    runtime-H included); at 3 packs 4 blocks spilled 34 bytes, so the default there."""
+    return 4 if -(-hidden // (PACK * NORM_BLOCK)) <= 2 else 0
 
 
 def hidden_rule_error(hidden: Any, entry: str = "") -> str | None:
@@ -110,32 +107,25 @@ def pack_index(k: int) -> Any:
     return dsl.thread_id() + k * NORM_BLOCK
 
 
-def clamps_reads(H: Hidden) -> bool:
-    """Whether the row helpers read every pack slot of H unconditionally (`pack_slot`)."""
-    return isinstance(H, RuntimeHidden) and H.per_thread <= CLAMPED_PER_THREAD
+def predicates_reads(H: Hidden) -> bool:
+    """Whether the row helpers read every pack slot of H ahead, through `slot_pack`."""
+    return isinstance(H, RuntimeHidden) and H.per_thread <= PREDICATED_PER_THREAD
 
 
-def pack_slot(H: Hidden, k: int) -> tuple[Any, Any]:
-    """(p, valid): the index within the row that this thread's k-th pack slot reads, and
-    whether the slot lies inside the row (pack_valid). p is pack_index(k), except where H
-    clamps its reads (clamps_reads): there a slot past the row reads the row's first pack
-    (inside every row), so its loads need no branch, and the caller replaces the values with
-    `masked(valid, ...)`'s exact zeros; stores stay under `if valid`."""
-    valid = pack_valid(H, k)
-    p = pack_index(k)
-    if clamps_reads(H):
-        p = dsl.select(valid, p, 0)
-    return p, valid
-
-
-def read_index(H: Hidden, k: int) -> Any:
-    """pack_slot(H, k)'s index alone, for an `ar_pack` of residual_norm_row: nothing but
-    pack_index(k) is traced where H does not clamp its reads."""
-    if clamps_reads(H):
-        return pack_slot(H, k)[0]
-    return pack_index(k)
-
-
-def masked(valid: Any, vals: list) -> list:
-    """vals where the slot is inside the row, else exact (+0) zeros."""
-    return [dsl.select(valid, v, 0.0) for v in vals]
+def slot_pack(vec: Any, i: Any, H: Hidden, k: int) -> Any:
+    """vec[i]: the pack that this thread's k-th slot reads from vec. Where H predicates its
+    reads (predicates_reads), a slot past the row gives a pack of +0 instead, the value a
+    masked slot holds (module docstring). Only the load sits under `if valid`, its uses
+    after it, so sm_90 predicates the load (`@!P LDG`) and the loads of every slot are in
+    flight together. Why not a clamped index and masked values (the previous form): each
+    slot's clamped index, and the 64-bit addresses made from it, stayed in registers
+    across the row loop (20-24 more than the specialized kernels, whose slots are one base
+    and constant offsets, as these are now); reading 4 slots ahead, or 2 rows of MAXH 6144,
+    spilled 16-112 bytes."""
+    if not predicates_reads(H):
+        return vec[i]
+    t = vec.elem
+    v = dsl.pack([0.0 if t.elem.is_float else 0] * t.count, t.elem)
+    if pack_valid(H, k):
+        v = vec[i]
+    return v

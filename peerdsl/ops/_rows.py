@@ -17,11 +17,11 @@ from typing import Any, Callable
 from .. import dsl
 from ..dsl.lib import FP8_NAN, i8_const
 # the geometry, re-exported: the ops and the runtime import it from here
-from ._row_slots import (CLAMPED_AHEAD, CLAMPED_PER_THREAD, HIDDEN_MAX, HIDDEN_MIN,  # noqa: F401
-                         NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, Hidden,
-                         RuntimeHidden, clamps_reads, hidden_f32, hidden_rule_error, masked,
-                         norm_min_blocks, pack_index, pack_slot, pack_valid, read_index,
-                         row_geometry, runtime_class)
+from ._row_slots import (HIDDEN_MAX, HIDDEN_MIN, NORM_BLOCK, PACK,  # noqa: F401
+                         PREDICATED_PER_THREAD, RUNTIME_MAXH, SUPPORTED_HIDDEN, Hidden,
+                         RuntimeHidden, hidden_f32, hidden_rule_error, norm_min_blocks,
+                         pack_index, pack_valid, predicates_reads, row_geometry,
+                         runtime_class, slot_pack)
 
 FLAG_GEMMA = 1       # runtime flags of the norm kernels
 FLAG_FP8 = 2
@@ -36,9 +36,8 @@ def load_row_packs(base: Any, row: Any, H: Hidden, T: Any) -> list:
     vec = base.cast(dsl.vec16(T))
     out = []
     for k in range(per_thread):
-        if clamps_reads(H):
-            p, valid = pack_slot(H, k)
-            vals = masked(valid, vec[row * packs + p].to_f32())
+        if predicates_reads(H):
+            vals = slot_pack(vec, row * packs + pack_index(k), H, k).to_f32()
         else:
             vals = [0.0] * PACK
             if pack_valid(H, k):
@@ -162,9 +161,8 @@ def weight_packs(weight: Any, H: Hidden, T: Any) -> list:
     vec = base_packs(weight, T)
     out = []
     for k in range(per_thread):
-        if clamps_reads(H):
-            p, valid = pack_slot(H, k)
-            w = masked(valid, vec[p].to_f32())
+        if predicates_reads(H):
+            w = slot_pack(vec, pack_index(k), H, k).to_f32()
         else:
             w = [0.0] * PACK
             if pack_valid(H, k):
@@ -244,30 +242,23 @@ def _out_pack(s_k: list, weight: Any, H: Hidden, k: int, T: Any, inv: Any, w_add
 
 def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: Any, residual: Any,
                       residual_out: Any, weight: Any, eps: Any, flags: Any, out: Any, q: Any,
-                      scale: Any, fmt: str, ahead: int = 1,
-                      clamped_ahead: int = CLAMPED_AHEAD) -> None:
+                      scale: Any, fmt: str, ahead: int = 1) -> None:
     """Given `ar_pack(k)`, which reads this thread's k-th all-reduced pack of the row (f32 of
-    T values) at its index `read_index(H, k)`: add the residual, write residual_out, and run
-    the RMSNorm epilogue. Every norm kernel ends a row here. ar_pack is called only for
-    packs inside the row, except where H clamps its reads (clamps_reads): then for every
-    slot, and a slot past the row reads the clamped index and its values are masked.
+    T values) at its index pack_index(k): add the residual, write residual_out, and run the
+    RMSNorm epilogue. Every norm kernel ends a row here. ar_pack is called only for packs
+    inside the row, except where H predicates its reads (predicates_reads): then for every
+    slot, and it reads through `slot_pack`, so a slot past the row gives +0.
 
     `ahead` (a kernel constexpr, per target: lowering/targets.py `row_reads_ahead`) is how
     many packs are read before their residual_out stores: the store may alias the inputs,
     so no compiler hoists a later pack's loads above it. 1 reads, adds and stores one pack
     at a time (one pack's inputs, W peers' packs in the fused kernels, in registers at
     once); k > 1 reads k packs at a time and 0 the whole row, so their loads are in flight
-    together (more registers, far less waiting where each block has few warps); where H
-    clamps its reads, at most `clamped_ahead` (a caller whose ar_pack reads one pack, not
-    W peers', may allow more). The values, and so the bytes, are the same either way."""
+    together (more registers, far less waiting where each block has few warps). The
+    values, and so the bytes, are the same either way."""
     packs, per_thread = row_geometry(H)
     res = base_packs(residual, T)
     group = per_thread if ahead == 0 else ahead
-    if clamps_reads(H) and min(group, per_thread) > clamped_ahead:
-        # the clamped reads of 4 slots at once spilled (the fused kernels, 16-112 bytes under
-        # sm_90's 128 registers); 3 (a MAXH 6144 row, whole) did not. Past that, 3 at a time
-        # and the weights read as each output is written, not ahead
-        group = ahead = clamped_ahead
     s = []
     for first in range(0, per_thread, group):
         ks = list(range(first, min(first + group, per_thread)))
@@ -280,11 +271,13 @@ def residual_norm_row(ar_pack: Callable[[int], list], row: Any, H: Hidden, T: An
 
 def _added_pack(ar_pack: Callable[[int], list], res: Any, row: Any, H: Hidden, k: int) -> list:
     """f32(ar) + f32(residual) of this thread's k-th pack of the row: zeros past the row,
-    read under `if` or, where H clamps its reads, read at the clamped index and masked."""
+    read under `if` or, where H predicates its reads, through slot_pack."""
     packs, _ = row_geometry(H)
-    if clamps_reads(H):
-        p, valid = pack_slot(H, k)
-        return masked(valid, [a + b for a, b in zip(ar_pack(k), res[row * packs + p].to_f32())])
+    if predicates_reads(H):
+        # +0 past the row (slot_pack) in both, so in their sum; the residual read first (the
+        # other order spilled 8 bytes in the fused one-stage kernel at MAXH 8192, W = 8)
+        res_k = slot_pack(res, row * packs + pack_index(k), H, k).to_f32()
+        return [a + b for a, b in zip(ar_pack(k), res_k)]
     vals = [0.0] * PACK
     if pack_valid(H, k):
         i = row * packs + pack_index(k)
@@ -326,7 +319,7 @@ def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], l
     """`ar_pack` for residual_norm_row: this thread's k-th pack of row `row` of `base`."""
     packs, _ = row_geometry(H)
     vec = base_packs(base, T)
-    return lambda k: vec[row * packs + read_index(H, k)].to_f32()
+    return lambda k: slot_pack(vec, row * packs + pack_index(k), H, k).to_f32()
 
 
 def base_packs(base: Any, T: Any) -> Any:

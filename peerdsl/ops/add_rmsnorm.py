@@ -9,17 +9,16 @@ bound MAXH (ops/_row_slots.py RuntimeHidden), and gives the same bytes at the sa
 """
 from .. import dsl
 from ..dsl import Ptr, constexpr
-from ._rows import (CLAMPED_PER_THREAD, NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN,
-                    RuntimeHidden, norm_min_blocks, residual_norm_row, row_pack_reader)
+from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
+                    norm_min_blocks, residual_norm_row, row_pack_reader)
 from .registry import register
 
 
 def norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T, H, FP8,
               R=1):
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        # one input pack per slot: a whole clamped row (MAXH 8192) fits sm_90's registers
         residual_norm_row(row_pack_reader(x, row, H, T), row, H, T, residual, residual_out,
-                          weight, eps, flags, out, q, scale, FP8, R, CLAMPED_PER_THREAD)
+                          weight, eps, flags, out, q, scale, FP8, R)
 
 
 @dsl.kernel(block_size=NORM_BLOCK, min_blocks="M")
@@ -49,7 +48,7 @@ def variants(target):
 
 def runtime_h_variants(target):
     return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": norm_min_blocks(M, True)} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
+             "M": norm_min_blocks(M)} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
 
 
 register("add_rmsnorm", add_rmsnorm, variants)

@@ -11,18 +11,18 @@ takes `hidden` at run time up to its constexpr bound MAXH (the same body and byt
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, read_index,
-                    residual_norm_row, row_geometry)
+from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, pack_index,
+                    residual_norm_row, row_geometry, slot_pack)
 from .registry import register
 
 
 def reduced_pack(inp, row, H, T, W, k):
     """This thread's k-th pack of the row, read from every rank, summed in rank order and
-    rounded to T (as f32); read at read_index (clamped where H clamps its reads)."""
+    rounded to T (as f32); +0 past the row where H predicates its reads (slot_pack)."""
     packs, _ = row_geometry(H)
     P = dsl.vec16(T)
-    i = row * packs + read_index(H, k)
-    acc = rank_order_sum([inp[r].cast(P)[i] for r in range(W)])
+    i = row * packs + pack_index(k)
+    acc = rank_order_sum([slot_pack(inp[r].cast(P), i, H, k) for r in range(W)])
     return [a.to(T).to_f32() for a in acc]
 
 

@@ -10,7 +10,7 @@ per-block barrier covers everything it reads.
 The shards need H / 8 packs divisible by W (dispatch sends other sizes to the one-stage
 kernel). `fused_ar_rms_2stage` is specialized for a constexpr H;
 `fused_ar_rms_2stage_runtime_h` takes `hidden` at run time up to its constexpr bound MAXH
-(the same body and bytes; each thread's shard owners are computed once, before the rows).
+(the same body and bytes; each thread's shard sources are computed once, before the rows).
 
 Schedules (constexprs with the same bytes, picked per target by runtime/dispatch.py
 `FUSED_2STAGE`; AMD targets build the defaults only): U, stage 1's shard packs per thread in
@@ -28,20 +28,20 @@ after every rank's gather on its stream.
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import (CLAMPED_AHEAD, NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN,
-                    RuntimeHidden, pack_index, read_index, residual_norm_row, residual_norm_rows,
-                    row_geometry)
+from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
+                    pack_index, residual_norm_row, residual_norm_rows, row_geometry, slot_pack)
 from .registry import register
 
 
-def shard_source(H, W, k):
-    """(owner, offset): the rank whose staging holds this thread's k-th pack of a row, and
-    the pack's index in that rank's shard."""
+def shard_source(staging, H, T, W, k):
+    """Where this thread's k-th pack of row 0 lies: in the staging of the rank that owns
+    its shard, at the pack's index in that shard (row r's is r shards further). One pointer
+    per slot, not an owner and an offset: one register pair fewer for each slot to hold."""
     packs, _ = row_geometry(H)
     shard = packs // W
-    p = read_index(H, k)  # (a slot past the row: the clamped pack, where H clamps its reads)
+    p = pack_index(k)  # (a slot past the row: an owner past W, a pointer never read)
     owner = p // shard
-    return owner, p - owner * shard
+    return staging[owner].cast(dsl.vec16(T)) + (p - owner * shard)
 
 
 def gathered_pack(staging, row, H, T, W, k, source=None):
@@ -53,14 +53,13 @@ def gathered_pack(staging, row, H, T, W, k, source=None):
         p = pack_index(k)
         owner = p // shard
         return staging[owner].cast(dsl.vec16(T))[row * shard + (p - owner * shard)].to_f32()
-    owner, offset = source
-    return staging[owner].cast(dsl.vec16(T))[row * shard + offset].to_f32()
+    return slot_pack(source, row * shard, H, k).to_f32()
 
 
 def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scale, rank, rows,
               eps, flags, T, H, W, FP8, R=1, U=0, V=1, E=1, S=0):
     """The kernel body, given its Signal (tests pass a deliberately broken one)."""
-    sources = shard_sources(H, W)
+    sources = shard_sources(staging, H, T, W)
     signal.start()
     if U == 0:
         reduce_scatter_rows(inp, staging, rank, signal.bound(rows), H, T, W)
@@ -78,26 +77,25 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
         signal.finish()
 
 
-def shard_sources(H, W):
+def shard_sources(staging, H, T, W):
     """Each pack slot's shard_source where H is a RuntimeHidden, else Nones. A runtime shard
     size makes each owner a division by a run-time value: done once per slot, before the
     rows (the specialized kernel divides by a constant, inline)."""
     per_thread = row_geometry(H)[1]
     if isinstance(H, RuntimeHidden):
-        return [shard_source(H, W, k) for k in range(per_thread)]
+        return [shard_source(staging, H, T, W, k) for k in range(per_thread)]
     return [None] * per_thread
 
 
 def gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, eps, flags,
-                     T, H, W, FP8, R, V, sources, clamped_ahead=CLAMPED_AHEAD):
+                     T, H, W, FP8, R, V, sources):
     """Stage 2: this block's rows b, b + G, ... < n gathered from the owners' staging and
-    normalized, V rows per iteration (all their packs read before the first store);
-    `clamped_ahead` as residual_norm_row's."""
+    normalized, V rows per iteration (all their packs read before the first store)."""
     if V == 1:
         for row in range(dsl.block_id(), n, dsl.num_blocks()):
             residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k, sources[k]), row,
                               H, T, residual, residual_out, weight, eps, flags, out, q, scale,
-                              FP8, R, clamped_ahead)
+                              FP8, R)
         return
     stride = dsl.num_blocks()
     for row in range(dsl.block_id(), n, stride * V):
@@ -200,7 +198,7 @@ def _base_variants(target):
 def runtime_h_variants(target):
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
              **k} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS
-            for k in schedules(target, M, W, runtime_h=True)]
+            for k in schedules(target, M, W)]
 
 
 # sm_90 schedules: the default (U=0, V=1, E=1) and those the sweep compares; E = 0 with all;
@@ -209,30 +207,31 @@ SM90_SCHEDULES = ((4, 1), (2, 2), (4, 2))
 SPLIT_UNROLL = 4
 
 
-def fitted_schedule(H: int, W: int, U: int, V: int, runtime_h: bool = False) -> tuple[int, int]:
+def fitted_schedule(H: int, W: int, U: int, V: int) -> tuple[int, int]:
     """(U, V) cut to what fits sm_90's 128 registers per thread without spilling (from the
-    build's resources): stage 1 holds U x W loaded packs (at most 16), stage 2 V rows of a
-    thread's packs (at most 6; at most 4 for a runtime-H bound, whose masks and shard owners
-    take registers too: MAXH 6144 at V = 2 spilled 80 bytes). W = 8 and bounds of more than 4
-    packs per thread (MAXH 16384) keep the default schedule: their other schedules spilled
-    8-104 bytes, and W = 8 cannot be measured on the one lent GPU."""
+    build's resources), for a hidden size or a runtime-H bound H alike (the runtime-H
+    kernel's predicated slots, ops/_row_slots.py slot_pack, fit the same schedules): stage 1
+    holds U x W loaded packs (at most 16), stage 2 V rows of a thread's packs (at most 6).
+    W = 8 and bounds of more than 4 packs per thread (MAXH 16384) keep the default schedule:
+    their other schedules spilled 8-104 bytes, and W = 8 cannot be measured on the one lent
+    GPU."""
     per_thread = -(-H // (PACK * NORM_BLOCK))
     if per_thread > 4 or W > 4:
         return 0, 1
     while U > 1 and U * W > 16:
         U //= 2
-    return U, (V if V * per_thread <= (4 if runtime_h else 6) else 1)
+    return U, (V if V * per_thread <= 6 else 1)
 
 
-def schedules(target, H, W, runtime_h=False):
-    """The {U, V, E, S} a target builds for hidden size (or bound, `runtime_h`) H and world W: AMD targets
-    only the defaults (named nowhere, so their kernels are the ones the gfx1250 PR
-    measured); sm_90 also `SM90_SCHEDULES` as fitted, the ones runtime/dispatch.py
+def schedules(target, H, W):
+    """The {U, V, E, S} a target builds for hidden size (or runtime-H bound) H and world W:
+    AMD targets only the defaults (named nowhere, so their kernels are the ones the gfx1250
+    PR measured); sm_90 also `SM90_SCHEDULES` as fitted, the ones runtime/dispatch.py
     `FUSED_2STAGE` picks from and `bench_ar_rms.py` sweeps."""
     if not getattr(target, "is_nvidia", False):
         return [{}]
-    picks = {fitted_schedule(H, W, U, V, runtime_h) for U, V in SM90_SCHEDULES} - {(0, 1)}
-    split = {"U": fitted_schedule(H, W, SPLIT_UNROLL, 1, runtime_h)[0], "V": 1, "E": 0, "S": 1}
+    picks = {fitted_schedule(H, W, U, V) for U, V in SM90_SCHEDULES} - {(0, 1)}
+    split = {"U": fitted_schedule(H, W, SPLIT_UNROLL, 1)[0], "V": 1, "E": 0, "S": 1}
     # S named in every schedule: a lookup that names S = 0 must not also match the split one
     return ([{"U": 0, "V": 1, "E": 1, "S": 0}]
             + [{"U": U, "V": V, "E": 0, "S": 0} for U, V in sorted(picks)] + [split])

@@ -26,9 +26,8 @@ from .registry import register
 
 def gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, rank, rows, eps,
                 flags, T, H, W, FP8, R):
-    sources = shard_sources(H, W)
+    sources = shard_sources(staging, H, T, W)
     n = dsl.select(dsl.staged_ok(sig, rank), rows, 0)
-    # (a whole clamped row of MAXH 8192 ahead spilled 40 bytes: the default 3 ahead)
     gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, eps, flags, T,
                      H, W, FP8, R, 1, sources)
 
@@ -71,7 +70,7 @@ def runtime_h_variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": norm_min_blocks(M, True)}
+             "M": norm_min_blocks(M)}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 

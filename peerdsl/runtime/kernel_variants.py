@@ -89,11 +89,12 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3 against
 # 122.9 for the one-stage kernel; at 6144 it lost (TP4 281.8 vs 274.4): up to 4096, where the
 # gather kernel fits 3 blocks per SM (ops/fused_ar_rms_gather.py). W = 8 is not measured.
-# runtime_h_split_max_hidden: the same for the runtime-H kernel up to MAXH 8192, whose one-
-# launch schedule holds fewer rows (V = 1) and fewer packs ahead than the specialized one's
-# (1.12-1.18x of it in call G5).
+# The runtime-H kernel takes the same schedules at its bound MAXH (it ran split up to MAXH
+# 8192 while its one-launch schedule held fewer rows and packs ahead than the specialized
+# one's, 1.12-1.18x of it in call G5; its predicated slot reads, ops/_row_slots.py slot_pack,
+# now fit the specialized schedules without spilling).
 _SM90_FUSED = {"U": 4, "V": 2, "E": 0}
-_SM90_SPLIT = {**_SM90_FUSED, "split_max_hidden": 4096, "runtime_h_split_max_hidden": 8192}
+_SM90_SPLIT = {**_SM90_FUSED, "split_max_hidden": 4096}
 FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {
     "sm_90": {2: _SM90_SPLIT, 4: _SM90_SPLIT, 8: _SM90_FUSED}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
@@ -105,33 +106,29 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int,
     `FUSED_2STAGE`'s schedule, with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS,
     PEERDSL_FUSED_END_BARRIER and PEERDSL_FUSED_SPLIT overriding U, V, E and S (a schedule
     that is not built fails at launch, naming the built ones). S = 1: the kernel does stage
-    1 only and the caller launches ops/fused_ar_rms_gather.py after it. `hidden` is the kernel's H (or MAXH, `runtime_h`): V is
+    1 only and the caller launches ops/fused_ar_rms_gather.py after it. `hidden` is the
+    kernel's H (or MAXH, `runtime_h`; both kernels take the same schedule for it): V is
     capped where V rows would not fit the registers (ops/fused_ar_rms_2stage.py
     `fitted_schedule`)."""
     from .dispatch import _cached, _env_key
     return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, _env_key()),
-                   lambda: _fused_2stage_kernel(arch, world, hidden, runtime_h))
+                   lambda: _fused_2stage_kernel(arch, world, hidden))
 
 
-def fused_2stage_splits(arch: str, world: int, hidden: int, runtime_h: bool = False) -> bool:
-    """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for H (or MAXH, `runtime_h`)
-    `hidden`."""
-    entry = FUSED_2STAGE.get(arch, {}).get(world, {})
-    bound = entry.get("split_max_hidden", 0)
-    if runtime_h:
-        bound = max(bound, entry.get("runtime_h_split_max_hidden", 0))
-    return hidden <= bound
+def fused_2stage_splits(arch: str, world: int, hidden: int) -> bool:
+    """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for H (or MAXH) `hidden`."""
+    return hidden <= FUSED_2STAGE.get(arch, {}).get(world, {}).get("split_max_hidden", 0)
 
 
-def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool) -> dict[str, int]:
+def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import SPLIT_UNROLL, fitted_schedule
     from .dispatch import _FUSED_ENV, _env_ints
     table = FUSED_2STAGE.get(arch, {}).get(world, {})
     cx = {k: v for k, v in table.items() if k in ("U", "V", "E")}
     if cx:
-        if fused_2stage_splits(arch, world, hidden, runtime_h):
+        if fused_2stage_splits(arch, world, hidden):
             cx.update(U=SPLIT_UNROLL, V=1, S=1)  # the split variant's build (schedules())
-        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"], runtime_h)
+        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"])
         if (cx["U"], cx["V"]) == (0, 1) and not cx.get("S"):
             cx["E"] = 1  # the default schedule, built with its end barrier
     for field, value in _env_ints(_FUSED_ENV).items():
