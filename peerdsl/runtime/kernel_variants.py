@@ -88,11 +88,12 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # gather kernel after it with a grid of one block per row: at 2880 (call G4, RESULTS.md) TP4
 # 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3 against
 # 122.9 for the one-stage kernel; at 6144 it lost (TP4 281.8 vs 274.4): up to 4096, where the
-# gather kernel fits 3 blocks per SM (ops/fused_ar_rms_gather.py). W = 8 is not measured.
+# gather kernel fits 4 blocks per SM (ops/_row_slots.py norm_min_blocks; TP4 2880 x 4096 rows
+# 157-160 us in calls H4-H6). W = 8 is not measured.
 # The runtime-H kernel takes the same schedules at its bound MAXH (it ran split up to MAXH
 # 8192 while its one-launch schedule held fewer rows and packs ahead than the specialized
 # one's, 1.12-1.18x of it in call G5; its predicated slot reads, ops/_row_slots.py slot_pack,
-# now fit the specialized schedules without spilling).
+# now fit the specialized schedules without spilling: 1.00-1.03x of them in call H5).
 _SM90_FUSED = {"U": 4, "V": 2, "E": 0}
 _SM90_SPLIT = {**_SM90_FUSED, "split_max_hidden": 4096}
 FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {
