@@ -35,6 +35,14 @@ def globaltimer() -> Scalar:
     return Scalar(emit("globaltimer", [], [ir.i64]).result)
 
 
+def schedule_fence() -> None:
+    """A boundary the target's instruction scheduler may not move code across. Values and
+    memory are unaffected (the simulator ignores it); it bounds how many independent chains
+    the scheduler interleaves, and so how many registers are live at once. Lowered where the
+    target asks for it (lowering/targets.py `schedule_fences`)."""
+    emit("schedule_fence", [], [])
+
+
 def shared_array(name: str, elem: Any, count: int, reuse: bool = False) -> Pointer:
     """A static shared-memory array; with reuse=True a second call returns the same one."""
     if not isinstance(count, int) or count <= 0:

@@ -32,6 +32,8 @@ Op catalogue (name: operands -> results; attrs):
                                           memory=shared orders shared memory only; absent: all)
   smem: -> ptr<shared>; name, count      (static shared allocation, kernel scope)
   globaltimer: -> i64                     (nanoseconds)
+  schedule_fence: ;                       (the compiler may not move code across it; no effect
+                                          on values or memory; a target may drop it)
   if: c -> results; regions then, else (each ends with yield)
   for: lb, ub, step, inits.. -> results; region body(iv, iters..) ends with yield
   while: inits.. -> results; regions before(args..) ends with condition(c, vals..),

@@ -189,6 +189,11 @@ class OpsMixin(ScopedMixin):
         self.emit(f"{self.bind(op.result)}, {self.fresh()} = gpu.shuffle xor "
                   f"{self.use(op.operands[0])}, {m}, {w} : {t}")
 
+    def op_schedule_fence(self, op: ir.Op) -> None:
+        if self.t.schedule_fences:  # mask 0: no instruction may cross it
+            self.emit('llvm.call_intrinsic "llvm.amdgcn.sched.barrier"(%s) : (i32) -> ()'
+                      % self.const(0))
+
     def op_globaltimer(self, op: ir.Op) -> None:
         # readsteadycounter: %globaltimer (ns) on NVPTX, the 100 MHz realtime counter on AMDGPU
         n = self.val('llvm.call_intrinsic "llvm.readsteadycounter"() : () -> i64')

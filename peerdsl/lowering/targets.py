@@ -40,6 +40,12 @@ class Target:
     # reference's 58-76; scalar, 51-67 and the same loads in flight. Wide loads the DSL
     # wants are explicit vectors (dsl/memory.py load_run), not left to LLVM to merge.
     auto_vectorize: bool = True
+    # Whether dsl.schedule_fence lowers to llvm.amdgcn.sched.barrier (else it is dropped).
+    # gfx1250: LLVM scheduled a pack's 8 software FP8 conversions together (about 5 live
+    # temporaries each) while the next pack's values were live, far below the 64-VGPR
+    # occupancy line, so nothing told it to save registers: the fused one-stage kernel at
+    # W = 2 took 51 / 61 VGPRs at H = 4096 / 6144 against the HIP reference's 42 / 48.
+    schedule_fences: bool = False
 
     @property
     def is_amd(self) -> bool:
@@ -64,13 +70,14 @@ _NV_SCOPES = (("wave", "block"), ("workgroup", "block"), ("agent", "device"), ("
 
 
 def _amd(arch: str, wave: int, fp8: str, mach: int, av: bool = False,
-         vectorize: bool = True) -> Target:
+         vectorize: bool = True, fences: bool = False) -> Target:
     return Target(arch, "amd", wave, fp8, "hsaco", ".s", mach, _AMD_SCOPES, 10, av,
-                  auto_vectorize=vectorize)
+                  auto_vectorize=vectorize, schedule_fences=fences)
 
 
 TARGETS: dict[str, Target] = {
-    "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49, av=True, vectorize=False),
+    "gfx1250": _amd("gfx1250", 32, "e4m3fn", 0x49, av=True, vectorize=False,
+                    fences=True),
     "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
     "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1,

@@ -74,9 +74,13 @@ def quant_row_fp8(out_f32: "list | Callable[[int], list]", row: Any, H: Hidden, 
             # neither -0 nor 0 * inf (a subnormal scale has an infinite reciprocal) leaks out.
             # A NaN product (only in a row of NaN or inf) gives FP8_MAX's byte here (to_fp8's
             # clamp is maxNum/minNum); _fix_nonfinite_row relies on exactly that.
-            qvec[row * packs + pack_index(k)] = dsl.pack(
-                [0 if v == 0.0 else dsl.to_fp8(v * inv, fmt, finite=True)
-                 for v in pack_of(k)], dsl.i8)
+            # One element's conversion at a time (schedule_fence): else the scheduler runs
+            # a pack's 8 together, ~5 registers each (gfx1250 VGPRs, lowering/targets.py).
+            codes = []
+            for v in pack_of(k):
+                codes.append(0 if v == 0.0 else dsl.to_fp8(v * inv, fmt, finite=True))
+                dsl.schedule_fence()
+            qvec[row * packs + pack_index(k)] = dsl.pack(codes, dsl.i8)
     if dsl.thread_id() == 0:
         scale[row] = s
     if not (s < INF):  # block-uniform (s has the same bits on every thread): NaN or inf

@@ -88,6 +88,8 @@ class Program:
             return getattr(self, "_" + name)(op, ins, outs), 2
         if name in ("load", "store", "atomic", "cas", "fence", "barrier"):
             return _memory_op(op, ins, outs, self.lanes)
+        if name == "schedule_fence":  # a compiler scheduling boundary: nothing to execute
+            return None
         if name == "globaltimer":
             o = outs[0]
             lanes = self.lanes
