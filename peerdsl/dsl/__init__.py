@@ -2,8 +2,8 @@
 from . import ir
 from .builder import TraceError
 from .intrinsics import (abs, block_id, block_size, fma, fmaximum, globaltimer, lane_id,
-                         maximum, minimum, num_blocks, rcp, rsqrt, schedule_fence, select, shared_array,
-                         shfl_xor, sqrt, thread_id)
+                         maximum, minimum, num_blocks, rcp, rsqrt, schedule_fence, select,
+                         shared_array, shfl_xor, sqrt, thread_id)
 from .kernel import (CallId, Kernel, PeerPtrs, PeerTable, Ptr, RegisteredPtrs, constexpr,
                      dtype_of, kernel)
 from .lib import (FP8_MAX, block_max, block_reduce, block_sum, group_reduce, pack_rne,

@@ -1,7 +1,8 @@
 """Lowering: kernel IR -> MLIR -> code objects for gfx1250, gfx950, gfx942 and sm_90.
 
     targets.py    per-arch facts, pure data (the runtime imports it; no MLIR here)
-    mlir_gen.py   ir.Kernel -> MLIR text (+ _gen_ops.py: casts, memory, control flow)
+    mlir_gen.py   ir.Kernel -> MLIR text (+ _gen_ops.py: casts, memory; _gen_control.py:
+                  control flow)
     pipeline.py   the stages per vendor; MLIR runs in a worker process (worker.py)
     codeobject.py metadata read back from HSACO notes / ptxas reports
     cache.py      content-addressed cache; build.py the AOT build and its manifest
