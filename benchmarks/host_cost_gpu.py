@@ -12,7 +12,13 @@ each call, on every rank:
                 no synchronization between them (the GPU runs behind; every call is
                 collective, so the ranks stay in step); the median of ROUNDS rounds;
   after_idle    the CPU and wall time of one call made 50 ms after the GPU went idle
-                (synchronize, barrier, sleep), the median of IDLE calls.
+                (synchronize, barrier, sleep), the median of IDLE calls;
+  after_idle_busy  the same, but the thread spins through the 50 ms instead of sleeping: the
+                GPU idles as before while the CPU stays awake, which separates the cost of
+                waking the host thread (and its core) from the cost of an idle GPU.
+
+`--tp 1` runs one process on the GPU with no MPS daemon (the floors there are the driver's
+own, without MPS's client-server hop).
 
 Calls: the plain `fused_allreduce_rmsnorm(x, residual, weight)` and `all_reduce(x)`, and
 their prepared forms (`comm.prepare_*`, runtime/prepared.py; the fused one also with
@@ -41,6 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from benchmarks.rank_harness import rank_env, run_ranks  # noqa: E402
 
 CALLS, ROUNDS, IDLE, IDLE_S = 500, 3, 20, 0.05
+KINDS = ("back_to_back", "after_idle", "after_idle_busy")
 
 
 def _digest(torch: Any, ts: Any) -> str:
@@ -79,11 +86,16 @@ def rank_main(rank: int, world: int, port: int, build: str, hidden: int,
         settle()
         return {"cpu_us": statistics.median(cpu), "wall_us": statistics.median(wall)}
 
-    def after_idle(fn: Callable[[], Any]) -> dict:
+    def spin(seconds: float) -> None:
+        end = perf() + int(seconds * 1e9)
+        while perf() < end:
+            pass
+
+    def after_idle(fn: Callable[[], Any], wait: Callable[[float], None] = time.sleep) -> dict:
         cpu, wall = [], []
         for _ in range(IDLE):
             settle()
-            time.sleep(IDLE_S)
+            wait(IDLE_S)
             c0, t0 = thread(), perf()
             fn()
             t1, c1 = perf(), thread()
@@ -119,7 +131,8 @@ def rank_main(rank: int, world: int, port: int, build: str, hidden: int,
             fn()
             settle()
             case[name] = {"path": comm.last_path, "back_to_back": back_to_back(fn),
-                          "after_idle": after_idle(fn)}
+                          "after_idle": after_idle(fn),
+                          "after_idle_busy": after_idle(fn, spin)}
         # the floors: a prepared launch of a local kernel alone, and one small torch op
         k = comm.loader.kernel("add_rmsnorm", T="bf16", H=hidden, FP8=comm.fp8_format)
         o, ro = torch.empty_like(x), torch.empty_like(x)
@@ -130,7 +143,8 @@ def rank_main(rank: int, world: int, port: int, build: str, hidden: int,
                          ("floor: torch.add(a, 1, out=b)", lambda: torch.add(a, 1, out=b))):
             fn()
             case[name] = {"path": "", "back_to_back": back_to_back(fn),
-                          "after_idle": after_idle(fn)}
+                          "after_idle": after_idle(fn),
+                          "after_idle_busy": after_idle(fn, spin)}
         report["rows"][str(rows)] = case
     settle()
     comm.close()
@@ -145,7 +159,7 @@ def merge(reports: list[dict]) -> dict:
         out["rows"][rows] = {}
         for name, first in case.items():
             m = {"path": first["path"]}
-            for kind in ("back_to_back", "after_idle"):
+            for kind in KINDS:
                 m[kind] = {k: max(r["rows"][rows][name][kind][k] for r in reports)
                            for k in ("cpu_us", "wall_us")}
             out["rows"][rows][name] = m
@@ -158,12 +172,13 @@ def table(summary: dict) -> str:
         lines.append(f"\nTP{tp} H={summary['hidden']} bf16, max over ranks of each median (us);"
                      f" prepared results equal the plain ones: {res['agree']}")
         lines.append(f"  {'rows':>4} {'call':<50} {'path':<13} {'b2b CPU':>8} {'b2b wall':>8}"
-                     f" {'idle CPU':>8} {'idle wall':>9}")
+                     f" {'idle CPU':>8} {'idle wall':>9} {'busy CPU':>8} {'busy wall':>9}")
         for rows, case in res["rows"].items():
             for name, m in case.items():
-                b, i = m["back_to_back"], m["after_idle"]
+                b, i, k = m["back_to_back"], m["after_idle"], m["after_idle_busy"]
                 lines.append(f"  {rows:>4} {name:<50} {m['path']:<13} {b['cpu_us']:8.1f} "
-                             f"{b['wall_us']:8.1f} {i['cpu_us']:8.1f} {i['wall_us']:9.1f}")
+                             f"{b['wall_us']:8.1f} {i['cpu_us']:8.1f} {i['wall_us']:9.1f} "
+                             f"{k['cpu_us']:8.1f} {k['wall_us']:9.1f}")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ the benchmark's gloo group) and launches a chosen kernel:
     ar = VllmAllReduce(build_shim("peers_src", out_dir), rank, world, dist, max_bytes)
     x_in = ar.input(torch, rows, hidden, dev)  # the registered buffer, bf16 [rows, hidden]
     ar.all_reduce(torch, x_in, out, stage=0)  # 0: vLLM's own 1-/2-stage rule; 1 or 2: forced
+                                              # (3, 4: one-stage, SPEC's / our barriers)
 """
 from __future__ import annotations
 
@@ -133,7 +134,18 @@ def peer_timings(torch, time_us, ar: VllmAllReduce, comm, tri, x, res, w, dev, s
     ours = comm.all_reduce(x)
     got = {"vllm_1stage_equal": bool(torch.equal(out.view(torch.int16),
                                                  ours.view(torch.int16)))}
-    for stage in (1, 2):
+    # BENCH_VLLM_SPEC=1: also vLLM's one-stage kernel with SPEC section 3's barriers (3) and
+    # with ours (4: plus the block barrier before the start and the bounded, error-checking
+    # polls), the shim says how; each checked for the one-stage kernel's bytes first
+    stages = (1, 2, 3, 4) if os.environ.get("BENCH_VLLM_SPEC") == "1" else (1, 2)
+    for stage in stages[2:]:
+        alt = torch.empty_like(out)
+        sync()
+        ar.all_reduce(torch, x_in, alt, stage=stage)
+        torch.cuda.synchronize(dev)
+        got[f"vllm_ar{stage}_equal"] = bool(torch.equal(alt.view(torch.int16),
+                                                        out.view(torch.int16)))
+    for stage in stages:
         got[f"vllm_ar{stage}_us"] = time_us(
             torch, lambda s=stage: ar.all_reduce(torch, x_in, out, stage=s), dev, sync)
     nbytes = x.numel() * 2  # vLLM's rule (the shim's stage 0), for the record

@@ -22,12 +22,70 @@ constexpr int kNotRegistered = -2;
 constexpr int kBadWorld = -3;
 constexpr int kBadSize = -4;
 
+// vLLM's one-stage kernel with the barrier orderings SPEC section 3 asks of ours (issue 15
+// item 1: is the small-row gap the SPEC's fences or our code?). Same counters, slots, grid and
+// data loop as vllm::cross_device_reduce_1stage; only the barriers differ:
+//   SPEC: start arrival a system-scope store, acquire polls compared wrap-safely (>=);
+//         end arrival a release store, acquire polls (vLLM: volatile both, no fence).
+//   OURS: SPEC plus what our Signal adds around it: a block barrier before the start
+//         arrival, and polls bounded by a spin limit that also load the rank's error word.
+// Stage 3 launches SPEC, stage 4 OURS.
+__device__ unsigned g_error_word = 0;
+__device__ int g_spin_limit = 1 << 30;
+
+template <int ngpus, bool is_start, bool ours>
+__device__ __forceinline__ void spec_barrier(const vllm::RankSignals& sg, vllm::Signal* self_sg,
+                                             int rank, int limit) {
+  if (!is_start || ours) __syncthreads();
+  if (threadIdx.x < ngpus) {
+    auto val = self_sg->self_counter[blockIdx.x][threadIdx.x] += 1;
+    auto* peer_slot = &sg.signals[threadIdx.x]->peer_counter[val % 2][blockIdx.x][rank];
+    auto* self_slot = &self_sg->peer_counter[val % 2][blockIdx.x][threadIdx.x];
+    if (is_start) {
+      asm volatile("st.relaxed.sys.global.u32 [%1], %0;" ::"r"(val), "l"(peer_slot));
+    } else {
+      asm volatile("st.release.sys.global.u32 [%1], %0;" ::"r"(val), "l"(peer_slot));
+    }
+    unsigned seen, stop = 0;
+    int n = 0;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(self_slot));
+    while (static_cast<int>(seen - val) < 0 && (!ours || (n < limit && stop == 0))) {
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(self_slot));
+      if (ours) {
+        asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(stop) : "l"(&g_error_word));
+        ++n;
+      }
+    }
+    if (ours && static_cast<int>(seen - val) < 0) atomicCAS(&g_error_word, 0u, 1u);
+  }
+  __syncthreads();
+}
+
+template <typename T, int ngpus, bool ours>
+__global__ void __launch_bounds__(512, 1)
+    spec_reduce_1stage(vllm::RankData* _dp, vllm::RankSignals sg, vllm::Signal* self_sg,
+                       T* __restrict__ result, int rank, int size) {
+  using P = typename vllm::packed_t<T>::P;
+  using A = typename vllm::packed_t<T>::A;
+  const int limit = ours ? *static_cast<volatile int*>(&g_spin_limit) : 0;
+  auto dp = *_dp;
+  spec_barrier<ngpus, true, ours>(sg, self_sg, rank, limit);
+  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < size; idx += gridDim.x * blockDim.x) {
+    ((P*)result)[idx] = vllm::packed_reduce<P, ngpus, A>((const P**)&dp.ptrs[0], idx);
+  }
+  spec_barrier<ngpus, false, ours>(sg, self_sg, rank, limit);
+}
+
 template <int W>
 void launch(vllm::CustomAllreduce* ar, vllm::RankData* ptrs, nv_bfloat16* out, int packs,
             int stage, int blocks, int threads, cudaStream_t stream) {
   if (stage == 1) {
     vllm::cross_device_reduce_1stage<nv_bfloat16, W>
         <<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
+  } else if (stage == 3 || stage == 4) {
+    auto kernel = stage == 3 ? spec_reduce_1stage<nv_bfloat16, W, false>
+                             : spec_reduce_1stage<nv_bfloat16, W, true>;
+    kernel<<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
   } else {
     vllm::cross_device_reduce_2stage<nv_bfloat16, W>
         <<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
@@ -78,7 +136,7 @@ int vllm_ar_register(void* ar, void** ptrs) {
 }
 
 // bf16 all-reduce of `numel` elements of the registered `input` into `output` on `stream`.
-// stage 1 or 2 forces that kernel; 0 takes vLLM's own choice (CustomAllreduce::allreduce's
+// stage 1 or 2 forces that kernel (3, 4: the one-stage kernel with SPEC / our barriers); 0 takes vLLM's own choice (CustomAllreduce::allreduce's
 // rule, restated here because that method asks a capturing stream for graph registration).
 int vllm_ar_bf16(void* ar_handle, void* input, void* output, long numel, int stage,
                  int block_limit, int threads, void* stream) {
@@ -86,6 +144,7 @@ int vllm_ar_bf16(void* ar_handle, void* input, void* output, long numel, int sta
   auto it = ar->buffers_.find(input);
   if (it == ar->buffers_.end()) return kNotRegistered;
   if (numel % 8 != 0 || block_limit < 1 || block_limit > vllm::kMaxBlocks) return kBadSize;
+  if (stage < 0 || stage > 4) return kBadSize;
   const int packs = static_cast<int>(numel / 8);
   const long bytes = numel * 2;
   const int world = ar->world_size_;
