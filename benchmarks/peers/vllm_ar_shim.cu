@@ -27,8 +27,8 @@ constexpr int kBadSize = -4;
 // data loop as vllm::cross_device_reduce_1stage; only the barriers differ:
 //   SPEC: start arrival a system-scope store, acquire polls compared wrap-safely (>=);
 //         end arrival a release store, acquire polls (vLLM: volatile both, no fence).
-//   OURS: SPEC plus what our Signal adds around it: a block barrier before the start
-//         arrival, and polls bounded by a spin limit that also load the rank's error word.
+//   OURS: SPEC plus what our Signal adds around it: polls bounded by a spin limit that also
+//         load the rank's error word (relaxed, issued before each acquire).
 // Stage 3 launches SPEC, stage 4 OURS.
 __device__ unsigned g_error_word = 0;
 __device__ int g_spin_limit = 1 << 30;
@@ -36,7 +36,7 @@ __device__ int g_spin_limit = 1 << 30;
 template <int ngpus, bool is_start, bool ours>
 __device__ __forceinline__ void spec_barrier(const vllm::RankSignals& sg, vllm::Signal* self_sg,
                                              int rank, int limit) {
-  if (!is_start || ours) __syncthreads();
+  if (!is_start) __syncthreads();  // a start that releases nothing needs none (signal.py)
   if (threadIdx.x < ngpus) {
     auto val = self_sg->self_counter[blockIdx.x][threadIdx.x] += 1;
     auto* peer_slot = &sg.signals[threadIdx.x]->peer_counter[val % 2][blockIdx.x][rank];
@@ -50,11 +50,11 @@ __device__ __forceinline__ void spec_barrier(const vllm::RankSignals& sg, vllm::
     int n = 0;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(self_slot));
     while (static_cast<int>(seen - val) < 0 && (!ours || (n < limit && stop == 0))) {
-      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(self_slot));
-      if (ours) {
+      if (ours) {  // before the acquire, as signal.py _wait_slot: both loads in flight at once
         asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(stop) : "l"(&g_error_word));
         ++n;
       }
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(self_slot));
     }
     if (ours && static_cast<int>(seen - val) < 0) atomicCAS(&g_error_word, 0u, 1u);
   }

@@ -103,9 +103,11 @@ def _wait_slot(slot: Pointer, target: Scalar, tag: Scalar, limit: Any, sig: Poin
     n = 0
     stop = 0
     while wlt(seen, target) and (n < limit) and (stop == 0):
+        # the flag's relaxed load goes first: after the acquire it could not issue until the
+        # acquire returned, two round trips per poll instead of one
+        stop = load(err, "system", "relaxed")
         v = load(slot, "system", "acquire")
         seen = v.to_i32()
-        stop = load(err, "system", "relaxed")
         n = n + 1
     peer_tag = (v >> 32).to_i32()
     ahead = (seen - target) > 1
@@ -200,13 +202,16 @@ class Signal:
 
     def start(self) -> None:
         """Every rank's block has arrived: peers' inputs of this launch may be read. The block
-        barrier first makes the release cover what every wave of the block wrote before.
+        barrier first makes the release cover what every wave of the block wrote before (none
+        where the kernel has written nothing).
         Where the kernel has written nothing yet (traced no store or atomic), the arrival is
         a relaxed system-scope store: what peers read was written by earlier launches, which
         the launch boundary publishes, and a release would only add a system fence (the
         waits stay acquire, SPEC section 3)."""
-        barrier()
-        self._barrier(layout.WAIT_START, "release" if state().writes else "relaxed")
+        writes = state().writes
+        if writes:  # the release covers every wave's stores only after a block barrier
+            barrier()
+        self._barrier(layout.WAIT_START, "release" if writes else "relaxed")
 
     def sync(self) -> None:
         """A barrier between phases: what this block wrote before is visible to the peers."""
