@@ -11,7 +11,7 @@ the benchmark's gloo group) and launches a chosen kernel:
     ar = VllmAllReduce(build_shim("peers_src", out_dir), rank, world, dist, max_bytes)
     x_in = ar.input(torch, rows, hidden, dev)  # the registered buffer, bf16 [rows, hidden]
     ar.all_reduce(torch, x_in, out, stage=0)  # 0: vLLM's own 1-/2-stage rule; 1 or 2: forced
-                                              # (3, 4: one-stage, SPEC's / our barriers)
+                                              # (3-6: one-stage, SPEC's / our barriers)
 """
 from __future__ import annotations
 
@@ -135,9 +135,10 @@ def peer_timings(torch, time_us, ar: VllmAllReduce, comm, tri, x, res, w, dev, s
     got = {"vllm_1stage_equal": bool(torch.equal(out.view(torch.int16),
                                                  ours.view(torch.int16)))}
     # BENCH_VLLM_SPEC=1: also vLLM's one-stage kernel with SPEC section 3's barriers (3) and
-    # with ours (4: plus the block barrier before the start and the bounded, error-checking
-    # polls), the shim says how; each checked for the one-stage kernel's bytes first
-    stages = (1, 2, 3, 4) if os.environ.get("BENCH_VLLM_SPEC") == "1" else (1, 2)
+    # with ours (4: plus the bounded polls that check the error word), and with SPEC's at
+    # the start only (5) or the end only (6), the shim says how; each checked for the
+    # one-stage kernel's bytes first
+    stages = (1, 2, 3, 4, 5, 6) if os.environ.get("BENCH_VLLM_SPEC") == "1" else (1, 2)
     for stage in stages[2:]:
         alt = torch.empty_like(out)
         sync()

@@ -29,11 +29,22 @@ constexpr int kBadSize = -4;
 //         end arrival a release store, acquire polls (vLLM: volatile both, no fence).
 //   OURS: SPEC plus what our Signal adds around it: polls bounded by a spin limit that also
 //         load the rank's error word (relaxed, issued before each acquire).
-// Stage 3 launches SPEC, stage 4 OURS.
+// Stage 3 launches SPEC, stage 4 OURS; 5 and 6 take SPEC's orderings at one barrier only
+// (5: the start, 6: the end; the other as vLLM's), to say which barrier costs what.
+// (The compare is wrap-safe everywhere.)
 __device__ unsigned g_error_word = 0;
 __device__ int g_spin_limit = 1 << 30;
 
-template <int ngpus, bool is_start, bool ours>
+template <bool fenced>
+__device__ __forceinline__ void poll(unsigned& seen, unsigned* slot) {
+  if (fenced) {
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(slot));
+  } else {
+    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(seen) : "l"(slot));
+  }
+}
+
+template <int ngpus, bool is_start, bool ours, bool fenced>
 __device__ __forceinline__ void spec_barrier(const vllm::RankSignals& sg, vllm::Signal* self_sg,
                                              int rank, int limit) {
   if (!is_start) __syncthreads();  // a start that releases nothing needs none (signal.py)
@@ -41,27 +52,29 @@ __device__ __forceinline__ void spec_barrier(const vllm::RankSignals& sg, vllm::
     auto val = self_sg->self_counter[blockIdx.x][threadIdx.x] += 1;
     auto* peer_slot = &sg.signals[threadIdx.x]->peer_counter[val % 2][blockIdx.x][rank];
     auto* self_slot = &self_sg->peer_counter[val % 2][blockIdx.x][threadIdx.x];
-    if (is_start) {
+    if (!fenced) {
+      asm volatile("st.volatile.global.u32 [%1], %0;" ::"r"(val), "l"(peer_slot));
+    } else if (is_start) {
       asm volatile("st.relaxed.sys.global.u32 [%1], %0;" ::"r"(val), "l"(peer_slot));
     } else {
       asm volatile("st.release.sys.global.u32 [%1], %0;" ::"r"(val), "l"(peer_slot));
     }
     unsigned seen, stop = 0;
     int n = 0;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(self_slot));
+    poll<fenced>(seen, self_slot);
     while (static_cast<int>(seen - val) < 0 && (!ours || (n < limit && stop == 0))) {
       if (ours) {  // before the acquire, as signal.py _wait_slot: both loads in flight at once
         asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(stop) : "l"(&g_error_word));
         ++n;
       }
-      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(self_slot));
+      poll<fenced>(seen, self_slot);
     }
     if (ours && static_cast<int>(seen - val) < 0) atomicCAS(&g_error_word, 0u, 1u);
   }
   __syncthreads();
 }
 
-template <typename T, int ngpus, bool ours>
+template <typename T, int ngpus, bool ours, bool start_fenced, bool end_fenced>
 __global__ void __launch_bounds__(512, 1)
     spec_reduce_1stage(vllm::RankData* _dp, vllm::RankSignals sg, vllm::Signal* self_sg,
                        T* __restrict__ result, int rank, int size) {
@@ -69,11 +82,11 @@ __global__ void __launch_bounds__(512, 1)
   using A = typename vllm::packed_t<T>::A;
   const int limit = ours ? *static_cast<volatile int*>(&g_spin_limit) : 0;
   auto dp = *_dp;
-  spec_barrier<ngpus, true, ours>(sg, self_sg, rank, limit);
+  spec_barrier<ngpus, true, ours, start_fenced>(sg, self_sg, rank, limit);
   for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < size; idx += gridDim.x * blockDim.x) {
     ((P*)result)[idx] = vllm::packed_reduce<P, ngpus, A>((const P**)&dp.ptrs[0], idx);
   }
-  spec_barrier<ngpus, false, ours>(sg, self_sg, rank, limit);
+  spec_barrier<ngpus, false, ours, end_fenced>(sg, self_sg, rank, limit);
 }
 
 template <int W>
@@ -82,9 +95,11 @@ void launch(vllm::CustomAllreduce* ar, vllm::RankData* ptrs, nv_bfloat16* out, i
   if (stage == 1) {
     vllm::cross_device_reduce_1stage<nv_bfloat16, W>
         <<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
-  } else if (stage == 3 || stage == 4) {
-    auto kernel = stage == 3 ? spec_reduce_1stage<nv_bfloat16, W, false>
-                             : spec_reduce_1stage<nv_bfloat16, W, true>;
+  } else if (stage >= 3) {
+    auto kernel = stage == 3   ? spec_reduce_1stage<nv_bfloat16, W, false, true, true>
+                  : stage == 4 ? spec_reduce_1stage<nv_bfloat16, W, true, true, true>
+                  : stage == 5 ? spec_reduce_1stage<nv_bfloat16, W, false, true, false>
+                               : spec_reduce_1stage<nv_bfloat16, W, false, false, true>;
     kernel<<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
   } else {
     vllm::cross_device_reduce_2stage<nv_bfloat16, W>
@@ -136,7 +151,7 @@ int vllm_ar_register(void* ar, void** ptrs) {
 }
 
 // bf16 all-reduce of `numel` elements of the registered `input` into `output` on `stream`.
-// stage 1 or 2 forces that kernel (3, 4: the one-stage kernel with SPEC / our barriers); 0 takes vLLM's own choice (CustomAllreduce::allreduce's
+// stage 1 or 2 forces that kernel (3-6: the one-stage kernel with SPEC's / our barriers, above); 0 takes vLLM's own choice (CustomAllreduce::allreduce's
 // rule, restated here because that method asks a capturing stream for graph registration).
 int vllm_ar_bf16(void* ar_handle, void* input, void* output, long numel, int stage,
                  int block_limit, int threads, void* stream) {
@@ -144,7 +159,7 @@ int vllm_ar_bf16(void* ar_handle, void* input, void* output, long numel, int sta
   auto it = ar->buffers_.find(input);
   if (it == ar->buffers_.end()) return kNotRegistered;
   if (numel % 8 != 0 || block_limit < 1 || block_limit > vllm::kMaxBlocks) return kBadSize;
-  if (stage < 0 || stage > 4) return kBadSize;
+  if (stage < 0 || stage > 6) return kBadSize;
   const int packs = static_cast<int>(numel / 8);
   const long bytes = numel * 2;
   const int world = ar->world_size_;
