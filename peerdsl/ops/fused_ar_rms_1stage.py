@@ -7,12 +7,17 @@ as the add + RMSNorm kernel with the same thread mapping, so the bytes are ident
 
 `fused_ar_rms_1stage` is specialized for a constexpr H; `fused_ar_rms_1stage_runtime_h`
 takes `hidden` at run time up to its constexpr bound MAXH (the same body and bytes).
+`fused_ar_rms_1stage_rows` is the specialized kernel taking V rows per iteration (rows b,
+b + G, ..., b + (V-1) G), every pack of all V read before the first store, for where rows
+outnumber the blocks: a block's rows are then in flight together instead of one after the
+other (same bytes). sm_90 only (runtime/dispatch.py `fused_1stage_rows`); AMD targets build
+none, so their kernels stay the ones the gfx1250 PR measured.
 """
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, pack_index,
-                    residual_norm_row, row_geometry, slot_pack)
+                    residual_norm_row, residual_norm_rows, row_geometry, slot_pack)
 from .registry import register
 
 
@@ -27,13 +32,38 @@ def reduced_pack(inp, row, H, T, W, k):
 
 
 def one_stage(signal, inp, residual, weight, out, residual_out, q, scale, rows, eps, flags,
-              T, H, W, FP8, R=1):
+              T, H, W, FP8, R=1, V=1):
     signal.start()
-    for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
-        # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
-        residual_norm_row(lambda k: reduced_pack(inp, row, H, T, W, k), row, H, T, residual,
-                          residual_out, weight, eps, flags, out, q, scale, FP8, R)
+    if V == 1:
+        for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
+            # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
+            residual_norm_row(lambda k: reduced_pack(inp, row, H, T, W, k), row, H, T,
+                              residual, residual_out, weight, eps, flags, out, q, scale, FP8, R)
+    else:
+        n, stride = signal.bound(rows), dsl.num_blocks()
+        for row in range(dsl.block_id(), n, stride * V):
+            # rows past the end reread this iteration's first row (in range) and store
+            # nothing: the bytes stored are those of V = 1
+            block_rows = [row] + [dsl.select(row + v * stride < n, row + v * stride, row)
+                                  for v in range(1, V)]
+            valid = [True] + [row + v * stride < n for v in range(1, V)]
+            residual_norm_rows(lambda r, k: reduced_pack(inp, r, H, T, W, k), block_rows,
+                               valid, H, T, residual, residual_out, weight, eps, flags, out, q,
+                               scale, FP8)
     signal.end()
+
+
+# (H, W) that `fused_ar_rms_1stage_rows` builds with V = 2 on sm_90: the ones whose 2 x W x
+# (packs per thread) 16-byte loads in flight fit its 128 registers without spilling (bf16
+# and f16, 2026-12-04 build): 7168 spilled 16 bytes at W = 2 and 4 (its last slot is
+# partial), 8192 4 bytes at W = 4 in f16; W = 8 is not tried (it cannot be measured on the
+# one lent GPU).
+ROWS_FIT = {(2880, 2), (2880, 4), (4096, 2), (4096, 4), (6144, 2), (6144, 4), (8192, 2)}
+
+
+def rows_in_flight(H: int, W: int) -> int:
+    """The most rows per iteration `fused_ar_rms_1stage_rows` is built with (1: none)."""
+    return 2 if (H, W) in ROWS_FIT else 1
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -59,6 +89,17 @@ def fused_ar_rms_1stage_runtime_h(inp: RegisteredPtrs["T"], residual: Ptr["T"],
               scale, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
 
 
+@dsl.kernel(block_size=NORM_BLOCK)
+def fused_ar_rms_1stage_rows(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Ptr["T"],
+                             out: Ptr["T"], residual_out: Ptr["T"], q: Ptr[dsl.i8],
+                             scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
+                             rows: dsl.i32, eps: dsl.f32, flags: dsl.i32, call: dsl.CallId,
+                             T: constexpr, H: constexpr, W: constexpr, FP8: constexpr,
+                             V: constexpr):
+    one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
+              scale, rows, eps, flags, T, H, W, FP8, V=V)
+
+
 def variants(target):
     return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS]
@@ -69,5 +110,14 @@ def runtime_h_variants(target):
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 
+def rows_variants(target):
+    if not getattr(target, "is_nvidia", False):
+        return []
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "V": V}
+            for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
+            for V in range(2, rows_in_flight(H, W) + 1)]
+
+
 register("fused_ar_rms_1stage", fused_ar_rms_1stage, variants)
+register("fused_ar_rms_1stage_rows", fused_ar_rms_1stage_rows, rows_variants)
 register("fused_ar_rms_1stage_runtime_h", fused_ar_rms_1stage_runtime_h, runtime_h_variants)

@@ -68,6 +68,11 @@ class Built:
     def values(self, op: str, key: str) -> tuple[int, ...]:
         return tuple(sorted({int(c[key]) for c in self.variants.get(op, ()) if key in c}))
 
+    def has(self, op: str, **constexprs: int) -> bool:
+        """Whether a variant of `op` with these (integer) constexprs is built."""
+        return any(all(k in c and int(c[k]) == v for k, v in constexprs.items())
+                   for c in self.variants.get(op, ()))
+
     def worlds(self) -> tuple[int, ...]:
         """World sizes every collective kernel present was built for (() if none is)."""
         sets = [set(self.values(op, "W")) for op in COLLECTIVE_OPS if op in self.variants]
@@ -158,7 +163,10 @@ def from_registry(target: str) -> Built:
     from ..ops.registry import load_all
     t = get_target(target)
     # RUNTIME_H_OPS's keys too: the gather kernel (NVIDIA only) is in no HIDDEN_OPS entry
-    wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values(), RUNTIME_H_OPS, RUNTIME_H_OPS.values())
+    # and the fused one-stage kernel's multi-row form (not in COLLECTIVE_OPS: it is built
+    # for some world sizes only, and the plain kernel serves the others)
+    wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values(), RUNTIME_H_OPS,
+                                       RUNTIME_H_OPS.values(), ("fused_ar_rms_1stage_rows",))
     variants = {name: tuple(spec.variants(t)) for name, spec in load_all().items()
                 if name in wanted}
     return Built(target, "simulator: the op registry's variants", variants,

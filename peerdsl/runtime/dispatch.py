@@ -103,7 +103,9 @@ _AR_ENV = {"block": "PEERDSL_AR_BLOCK", "unroll": "PEERDSL_AR_UNROLL",
            "end_barrier": "PEERDSL_AR_END_BARRIER"}
 _FUSED_ENV = {"U": "PEERDSL_FUSED_UNROLL", "V": "PEERDSL_FUSED_ROWS",
               "E": "PEERDSL_FUSED_END_BARRIER", "S": "PEERDSL_FUSED_SPLIT"}
-_ENV_NAMES = (*_ENV.values(), _FORCED_ENV, *_AR_ENV.values(), *_FUSED_ENV.values())
+_ROWS_ENV = "PEERDSL_FUSED_1STAGE_ROWS"  # V of the fused one-stage kernel (kernel_variants)
+_ENV_NAMES = (*_ENV.values(), _FORCED_ENV, *_AR_ENV.values(), *_FUSED_ENV.values(),
+              _ROWS_ENV)
 # os.environ's own storage and its keys in that storage's form: one C-level dict lookup per
 # variable instead of os.environ.get's encode + Mapping.get (~1 us each, 7 per plan)
 _ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES)) if hasattr(
@@ -315,5 +317,6 @@ def check_qk_norm(arch: str) -> None:
 
 
 # the kernel-variant tables and choices (runtime/kernel_variants.py), re-exported
-from .kernel_variants import (AR_KERNELS, FUSED_2STAGE, UNROLLS, ArKernel,  # noqa: E402
-                              ar_kernel, fused_2stage_kernel, fused_2stage_splits)
+from .kernel_variants import (AR_KERNELS, FUSED_1STAGE_ROWS, FUSED_2STAGE,  # noqa: E402
+                              UNROLLS, ArKernel, ar_kernel, fused_1stage_rows,
+                              fused_2stage_kernel, fused_2stage_splits)

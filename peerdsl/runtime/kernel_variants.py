@@ -147,3 +147,35 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
         return {"U": cx.get("U", 0), "V": 1, "E": 0, "S": 1}  # do not apply to it)
     plan = {"U": cx.get("U", 0), "V": cx.get("V", 1), "E": cx.get("E", 1)}
     return {**plan, "S": 0} if table else plan  # sm_90's schedules all name S
+
+
+# Targets whose fused one-stage kernel takes several rows per block iteration where rows
+# outnumber the blocks (ops/fused_ar_rms_1stage.py `fused_ar_rms_1stage_rows`, built for
+# the (H, W) of its ROWS_FIT). Under MPS on the H200 a TP4 rank has 33 blocks, so from 34
+# rows the plain kernel's blocks take their rows one after the other.
+FUSED_1STAGE_ROWS: dict[str, bool] = {"sm_90": True}
+_ROWS_PLANS: dict[tuple, int] = {}
+
+
+def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: int) -> int:
+    """V, the rows per block iteration of the fused one-stage path's specialized kernel for
+    `rows` rows of H = `hidden` with at most `max_grid` blocks: 1 (the plain kernel) where
+    the rows fit one per block or the target builds no multi-row kernel for (H, W), else
+    the most it builds. PEERDSL_FUSED_1STAGE_ROWS=V forces V (1: off; more than is built
+    for (H, W): a ValueError naming what is)."""
+    from .dispatch import _cached, _env_key
+    return _cached(_ROWS_PLANS, (arch, world, rows > max_grid, hidden, _env_key()),
+                   lambda: _fused_1stage_rows(arch, world, rows > max_grid, hidden))
+
+
+def _fused_1stage_rows(arch: str, world: int, many: bool, hidden: int) -> int:
+    from ..ops.fused_ar_rms_1stage import rows_in_flight
+    from .dispatch import _ROWS_ENV, _env_ints
+    most = rows_in_flight(hidden, world) if FUSED_1STAGE_ROWS.get(arch) else 1
+    forced = _env_ints({"V": _ROWS_ENV}).get("V")
+    if forced is None:
+        return most if many else 1
+    if not 1 <= forced <= most:
+        raise ValueError(f"{_ROWS_ENV}={forced}: the fused one-stage kernel is built with 1 "
+                         f"to {most} rows per iteration for H={hidden}, W={world} on {arch}")
+    return forced

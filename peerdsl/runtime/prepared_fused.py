@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from .. import layout
 from ..ops._rows import FLAG_FP8, FLAG_MIRROR
 from . import dispatch
 from .callid import call_key
@@ -103,17 +102,13 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
                                           dict(x=ar, **norm_args, **vals, **norm.args),
                                           local=True)))
     else:
-        rk = comm._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
-        name, cx = rk.name, {"T": T, rk.size_key: rk.size, "W": comm.world, "FP8": comm.fp8_format}
+        rk, name, cx, grid = comm._fused_kernel(path, rows, hidden, T)
         inp = b.registered(x, stage_input)
         op = ENTRY if stage_input else in_place_op(comm, ENTRY)
         fused_args = dict(inp=inp, sig=comm.signal_peers, rank=comm.rank, **norm_args, **vals,
                           **rk.args)
         if path == "fused_2stage":
             fused_args["staging"] = comm.staging_peers
-            cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size,
-                                                        rk.runtime_h))
-        grid = max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))
         actions.append(("collective", b.launch(name, cx, grid, fused_args),
                         call_key(op, call_args, kwargs, name, cx, comm.world), b.check(name)))
         if cx.get("S"):  # stage 1 alone: the gather launch does stage 2
