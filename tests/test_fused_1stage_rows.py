@@ -20,15 +20,15 @@ def _same(a, b):
     return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-@pytest.mark.parametrize("hidden,world,rows,grid", [(2880, 4, 7, 2), (6144, 2, 5, 2),
-                                                    (4096, 4, 3, 3)])
+@pytest.mark.parametrize("hidden,world,rows,grid,v", [(2880, 4, 7, 2, 2), (2880, 2, 9, 2, 4),
+                                                      (6144, 2, 5, 2, 2), (4096, 4, 3, 3, 2)])
 @pytest.mark.parametrize("flags", [0, 2 | 4])  # plain; FP8 with the T mirror
-def test_rows_kernel_gives_the_plain_kernels_bytes(hidden, world, rows, grid, flags):
+def test_rows_kernel_gives_the_plain_kernels_bytes(hidden, world, rows, grid, v, flags):
     def body(comm):
         x, residual, weight = norm_case(rows, hidden, 11 + comm.rank)
         results = []
         for op, extra in (("fused_ar_rms_1stage", {"R": 4}), ("fused_ar_rms_1stage_rows",
-                                                             {"V": 2})):
+                                                             {"V": v})):
             outs = norm_outputs(rows, hidden)
             comm.launch(op, grid=grid, constexprs={"T": "bf16", "H": hidden, "W": world,
                                                    "FP8": "e4m3fn", **extra},
@@ -44,15 +44,21 @@ def test_rows_kernel_gives_the_plain_kernels_bytes(hidden, world, rows, grid, fl
 def test_sm90_builds_what_dispatch_asks_for_and_amd_none():
     op = load_all()["fused_ar_rms_1stage_rows"]
     built = {(v["H"], v["W"], v["V"]) for v in op.variants(get_target("sm_90"))}
-    assert built == {(h, w, 2) for h, w in ROWS_FIT}
+    assert built == {(h, w, v) for (h, w), vs in ROWS_FIT.items() for v in vs}
     for arch in ("gfx1250", "gfx950", "gfx942"):
         assert op.variants(get_target(arch)) == []
     for h in (2880, 4096, 6144, 7168, 8192):
         for w in (2, 4, 8):
-            v = dispatch.fused_1stage_rows("sm_90", w, 64, h, 33)
-            assert v == rows_in_flight(h, w) and (v == 1 or (h, w, v) in built)
+            for rows in (34, 64, 66, 67, 100, 256, 4096):
+                v = dispatch.fused_1stage_rows("sm_90", w, rows, h, 33)
+                assert v == 1 or (h, w, v) in built
+                assert v == 1 if not rows_in_flight(h, w) else v > 1
             assert dispatch.fused_1stage_rows("sm_90", w, 33, h, 33) == 1  # one row a block
             assert dispatch.fused_1stage_rows("gfx1250", w, 64, h, 33) == 1
+    # the smallest built V covering the rows, else the largest
+    assert [dispatch.fused_1stage_rows("sm_90", 4, r, 2880, 33) for r in (60, 67, 200)] == \
+        [2, 4, 4]
+    assert dispatch.fused_1stage_rows("sm_90", 4, 200, 6144, 33) == 2
 
 
 def test_rows_override(monkeypatch):
@@ -60,8 +66,11 @@ def test_rows_override(monkeypatch):
     assert dispatch.fused_1stage_rows("sm_90", 4, 64, 6144, 33) == 1
     monkeypatch.setenv("PEERDSL_FUSED_1STAGE_ROWS", "2")
     assert dispatch.fused_1stage_rows("sm_90", 4, 8, 6144, 33) == 2  # forced below the grid
-    with pytest.raises(ValueError, match="PEERDSL_FUSED_1STAGE_ROWS=2.*H=7168, W=4"):
+    with pytest.raises(ValueError, match=r"ROWS=2.*V in \[1\] .*H=7168, W=4"):
         dispatch.fused_1stage_rows("sm_90", 4, 64, 7168, 33)
+    monkeypatch.setenv("PEERDSL_FUSED_1STAGE_ROWS", "4")
+    with pytest.raises(ValueError, match=r"V in \[1, 2\] .*H=6144"):
+        dispatch.fused_1stage_rows("sm_90", 4, 64, 6144, 33)
 
 
 def test_communicator_launches_the_rows_kernel_where_asked(monkeypatch):

@@ -53,17 +53,20 @@ def one_stage(signal, inp, residual, weight, out, residual_out, q, scale, rows, 
     signal.end()
 
 
-# (H, W) that `fused_ar_rms_1stage_rows` builds with V = 2 on sm_90: the ones whose 2 x W x
-# (packs per thread) 16-byte loads in flight fit its 128 registers without spilling (bf16
-# and f16, 2026-12-04 build): 7168 spilled 16 bytes at W = 2 and 4 (its last slot is
-# partial), 8192 4 bytes at W = 4 in f16; W = 8 is not tried (it cannot be measured on the
-# one lent GPU).
-ROWS_FIT = {(2880, 2), (2880, 4), (4096, 2), (4096, 4), (6144, 2), (6144, 4), (8192, 2)}
+# The V (rows per iteration) `fused_ar_rms_1stage_rows` builds for (H, W) on sm_90: those
+# whose V x W x (packs per thread) 16-byte loads in flight fit its 128 registers without
+# spilling, bf16 and f16 (2026-12-04 build). V = 2: 7168 spilled 16 bytes at W = 2 and 4 (its
+# last slot is partial), 8192 4 bytes at W = 4 in f16. V = 4 at 2880 (two slots per thread,
+# one partial) fits, 111-120 registers; at 4096 and 6144 it spilled 4-272 bytes. W = 8 is not
+# tried (it cannot be measured on the one lent GPU).
+ROWS_FIT: dict[tuple[int, int], tuple[int, ...]] = {
+    (2880, 2): (2, 4), (2880, 4): (2, 4), (4096, 2): (2,), (4096, 4): (2,), (6144, 2): (2,),
+    (6144, 4): (2,), (8192, 2): (2,)}
 
 
-def rows_in_flight(H: int, W: int) -> int:
-    """The most rows per iteration `fused_ar_rms_1stage_rows` is built with (1: none)."""
-    return 2 if (H, W) in ROWS_FIT else 1
+def rows_in_flight(H: int, W: int) -> tuple[int, ...]:
+    """The V > 1 `fused_ar_rms_1stage_rows` is built with for H and W (() for none)."""
+    return ROWS_FIT.get((H, W), ())
 
 
 @dsl.kernel(block_size=NORM_BLOCK)
@@ -115,7 +118,7 @@ def rows_variants(target):
         return []
     return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "V": V}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
-            for V in range(2, rows_in_flight(H, W) + 1)]
+            for V in rows_in_flight(H, W)]
 
 
 register("fused_ar_rms_1stage", fused_ar_rms_1stage, variants)

@@ -160,22 +160,27 @@ _ROWS_PLANS: dict[tuple, int] = {}
 def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: int) -> int:
     """V, the rows per block iteration of the fused one-stage path's specialized kernel for
     `rows` rows of H = `hidden` with at most `max_grid` blocks: 1 (the plain kernel) where
-    the rows fit one per block or the target builds no multi-row kernel for (H, W), else
-    the most it builds. PEERDSL_FUSED_1STAGE_ROWS=V forces V (1: off; more than is built
-    for (H, W): a ValueError naming what is)."""
+    the rows fit one per block or the target builds no multi-row kernel for (H, W), else the
+    smallest built V that covers the rows in one iteration (the largest built where none
+    does). PEERDSL_FUSED_1STAGE_ROWS=V forces V (1: off; one not built for (H, W): a
+    ValueError naming those that are)."""
     from .dispatch import _cached, _env_key
-    return _cached(_ROWS_PLANS, (arch, world, rows > max_grid, hidden, _env_key()),
-                   lambda: _fused_1stage_rows(arch, world, rows > max_grid, hidden))
+    need = -(-rows // max(1, max_grid))  # rows per block in one iteration (built V <= 8)
+    return _cached(_ROWS_PLANS, (arch, world, min(need, 8), hidden, _env_key()),
+                   lambda: _fused_1stage_rows(arch, world, need, hidden))
 
 
-def _fused_1stage_rows(arch: str, world: int, many: bool, hidden: int) -> int:
+def _fused_1stage_rows(arch: str, world: int, need: int, hidden: int) -> int:
     from ..ops.fused_ar_rms_1stage import rows_in_flight
     from .dispatch import _ROWS_ENV, _env_ints
-    most = rows_in_flight(hidden, world) if FUSED_1STAGE_ROWS.get(arch) else 1
+    built = rows_in_flight(hidden, world) if FUSED_1STAGE_ROWS.get(arch) else ()
     forced = _env_ints({"V": _ROWS_ENV}).get("V")
-    if forced is None:
-        return most if many else 1
-    if not 1 <= forced <= most:
-        raise ValueError(f"{_ROWS_ENV}={forced}: the fused one-stage kernel is built with 1 "
-                         f"to {most} rows per iteration for H={hidden}, W={world} on {arch}")
-    return forced
+    if forced is not None:
+        if forced != 1 and forced not in built:
+            raise ValueError(f"{_ROWS_ENV}={forced}: the fused one-stage kernel is built with "
+                             f"V in {[1, *built]} rows per iteration for H={hidden}, "
+                             f"W={world} on {arch}")
+        return forced
+    if need <= 1 or not built:
+        return 1
+    return next((v for v in built if v >= need), built[-1])
