@@ -6,7 +6,7 @@
 # each also after an idle GPU with the CPU kept busy.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/i3; mkdir -p $W
-step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; }
+step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; tar czf $OUT/i3.tgz -C $W .; }
 for round in 1 2; do
   for v in 1 2 0; do
     rows_env=""; [ $v != 0 ] && rows_env="PEERDSL_FUSED_1STAGE_ROWS=$v"  # 0: dispatch's choice
