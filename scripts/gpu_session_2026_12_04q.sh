@@ -12,14 +12,7 @@ for round in 1 2; do
   for v in 1 0; do
     rows_env=""; [ $v = 1 ] && rows_env="PEERDSL_FUSED_1STAGE_ROWS=1"  # 0: dispatch's choice
     step "rows V=$v r$round" 100 env $rows_env BENCH_ROWS="16 64 128 256 1024" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 2 --hidden 6144 2880 --vllm-header peers_src --json $W/rows_v${v}_r$round.json > $W/rows_v${v}_r$round.log 2>&1
-    python3 - $W/rows_v${v}_r$round.json <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for tp in ("tp4", "tp2"):
-    print(tp, " ".join("%s %s %.1f/%.1f(%.2f)" % (k, r["path"], r["fused_us"], r["vllm_pair_us"],
-                                                r["vllm_pair_us"] / r["fused_us"])
-                       for k, r in d.get(tp, {}).get("rows", {}).items()))
-PY
+    python3 scripts/fused_pairs_line.py $W/rows_v${v}_r$round.json
   done
 done
 rm -f $W/*.png

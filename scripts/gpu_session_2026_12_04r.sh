@@ -11,14 +11,7 @@ for round in 1 2; do
   for v in 1 2 0; do
     rows_env=""; [ $v != 0 ] && rows_env="PEERDSL_FUSED_1STAGE_ROWS=$v"  # 0: dispatch's choice
     step "rows V=$v r$round" 60 env $rows_env BENCH_ROWS="64 128 256" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 2 --hidden 2880 --vllm-header peers_src --json $W/rows_v${v}_r$round.json > $W/rows_v${v}_r$round.log 2>&1
-    python3 - $W/rows_v${v}_r$round.json <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for tp in ("tp4", "tp2"):
-    print(tp, " ".join("%s %s %.1f/%.1f(%.2f)" % (k, r["path"], r["fused_us"], r["vllm_pair_us"],
-                                                r["vllm_pair_us"] / r["fused_us"])
-                       for k, r in d.get(tp, {}).get("rows", {}).items()))
-PY
+    python3 scripts/fused_pairs_line.py $W/rows_v${v}_r$round.json
   done
 done
 step "collectives" 90 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
