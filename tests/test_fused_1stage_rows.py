@@ -11,7 +11,7 @@ import peerdsl.sim
 from peerdsl.lowering.targets import get_target
 from peerdsl.ops.fused_ar_rms_1stage import ROWS_FIT, rows_in_flight
 from peerdsl.ops.registry import load_all
-from peerdsl.runtime import dispatch
+from peerdsl.runtime import dispatch, kernel_variants
 from peerdsl.runtime.built import from_registry
 from reference import norm_case, norm_outputs
 
@@ -41,7 +41,7 @@ def test_rows_kernel_gives_the_plain_kernels_bytes(hidden, world, rows, grid, v,
     assert peerdsl.sim.run(world, body, seed=5, skew=skew) == [True] * world
 
 
-def test_sm90_builds_what_dispatch_asks_for_and_amd_none():
+def test_sm90_builds_what_dispatch_asks_for_and_amd_none(monkeypatch):
     op = load_all()["fused_ar_rms_1stage_rows"]
     built = {(v["H"], v["W"], v["V"]) for v in op.variants(get_target("sm_90"))}
     assert built == {(h, w, v) for (h, w), vs in ROWS_FIT.items() for v in vs}
@@ -55,10 +55,16 @@ def test_sm90_builds_what_dispatch_asks_for_and_amd_none():
                 assert v == 1 if not rows_in_flight(h, w) else v > 1
             assert dispatch.fused_1stage_rows("sm_90", w, 33, h, 33) == 1  # one row a block
             assert dispatch.fused_1stage_rows("gfx1250", w, 64, h, 33) == 1
-    # the smallest built V covering the rows, else the largest
+    # the smallest V covering the rows up to the target's default cap (2 on sm_90), else
+    # the largest of those
+    assert [dispatch.fused_1stage_rows("sm_90", 4, r, 2880, 33) for r in (60, 67, 200)] == \
+        [2, 2, 2]
+    assert dispatch.fused_1stage_rows("sm_90", 4, 200, 6144, 33) == 2
+    monkeypatch.setitem(dispatch.FUSED_1STAGE_ROWS, "sm_90", 4)
+    kernel_variants._ROWS_PLANS.clear()
     assert [dispatch.fused_1stage_rows("sm_90", 4, r, 2880, 33) for r in (60, 67, 200)] == \
         [2, 4, 4]
-    assert dispatch.fused_1stage_rows("sm_90", 4, 200, 6144, 33) == 2
+    kernel_variants._ROWS_PLANS.clear()
 
 
 def test_rows_override(monkeypatch):
@@ -71,6 +77,9 @@ def test_rows_override(monkeypatch):
     monkeypatch.setenv("PEERDSL_FUSED_1STAGE_ROWS", "4")
     with pytest.raises(ValueError, match=r"V in \[1, 2\] .*H=6144"):
         dispatch.fused_1stage_rows("sm_90", 4, 64, 6144, 33)
+    assert dispatch.fused_1stage_rows("sm_90", 4, 64, 2880, 33) == 4  # built, not the default
+    with pytest.raises(ValueError, match=r"V in \[1\] .*gfx1250"):  # AMD builds none
+        dispatch.fused_1stage_rows("gfx1250", 4, 64, 2880, 33)
 
 
 def test_communicator_launches_the_rows_kernel_where_asked(monkeypatch):

@@ -151,9 +151,13 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
 
 # Targets whose fused one-stage kernel takes several rows per block iteration where rows
 # outnumber the blocks (ops/fused_ar_rms_1stage.py `fused_ar_rms_1stage_rows`, built for
-# the (H, W) of its ROWS_FIT). Under MPS on the H200 a TP4 rank has 33 blocks, so from 34
-# rows the plain kernel's blocks take their rows one after the other.
-FUSED_1STAGE_ROWS: dict[str, bool] = {"sm_90": True}
+# the (H, W) of its ROWS_FIT), and the largest V dispatch picks by itself. Under MPS on the
+# H200 a TP4 rank has 33 blocks, so from 34 rows the plain kernel's blocks take their rows
+# one after the other. V = 2 ran on the H200 (call I2, RESULTS.md: the runtime proof, and
+# 1.04-1.18x at 7 of 10 cells, within the run-to-run spread); V = 4 (H = 2880) is built and
+# simulator-tested but not yet measured there, so it is taken only when forced
+# (PEERDSL_FUSED_1STAGE_ROWS=4).
+FUSED_1STAGE_ROWS: dict[str, int] = {"sm_90": 2}
 _ROWS_PLANS: dict[tuple, int] = {}
 
 
@@ -161,8 +165,8 @@ def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: i
     """V, the rows per block iteration of the fused one-stage path's specialized kernel for
     `rows` rows of H = `hidden` with at most `max_grid` blocks: 1 (the plain kernel) where
     the rows fit one per block or the target builds no multi-row kernel for (H, W), else the
-    smallest built V that covers the rows in one iteration (the largest built where none
-    does). PEERDSL_FUSED_1STAGE_ROWS=V forces V (1: off; one not built for (H, W): a
+    smallest built V up to the target's FUSED_1STAGE_ROWS that covers the rows in one
+    iteration (the largest of those where none does). PEERDSL_FUSED_1STAGE_ROWS=V forces V (1: off; one not built for (H, W): a
     ValueError naming those that are)."""
     from .dispatch import _cached, _env_key
     need = -(-rows // max(1, max_grid))  # rows per block in one iteration (built V <= 8)
@@ -173,7 +177,7 @@ def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: i
 def _fused_1stage_rows(arch: str, world: int, need: int, hidden: int) -> int:
     from ..ops.fused_ar_rms_1stage import rows_in_flight
     from .dispatch import _ROWS_ENV, _env_ints
-    built = rows_in_flight(hidden, world) if FUSED_1STAGE_ROWS.get(arch) else ()
+    built = rows_in_flight(hidden, world) if arch in FUSED_1STAGE_ROWS else ()
     forced = _env_ints({"V": _ROWS_ENV}).get("V")
     if forced is not None:
         if forced != 1 and forced not in built:
@@ -181,6 +185,7 @@ def _fused_1stage_rows(arch: str, world: int, need: int, hidden: int) -> int:
                              f"V in {[1, *built]} rows per iteration for H={hidden}, "
                              f"W={world} on {arch}")
         return forced
-    if need <= 1 or not built:
+    picks = [v for v in built if v <= FUSED_1STAGE_ROWS.get(arch, 1)]
+    if need <= 1 or not picks:
         return 1
-    return next((v for v in built if v >= need), built[-1])
+    return next((v for v in picks if v >= need), picks[-1])
