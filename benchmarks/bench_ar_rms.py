@@ -238,7 +238,13 @@ def rank_main(rank, world, port, build, hiddens, vllm_lib=None) -> dict:
 
 
 FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", "PEERDSL_FUSED_UNROLL",
-             "PEERDSL_FUSED_ROWS", "PEERDSL_FUSED_END_BARRIER", "PEERDSL_FUSED_SPLIT")
+             "PEERDSL_FUSED_ROWS", "PEERDSL_FUSED_END_BARRIER", "PEERDSL_FUSED_SPLIT",
+             "PEERDSL_FUSED_1STAGE_ROWS")
+# the environment variable each schedule key of a swept path sets (R: the one-stage
+# kernel's rows per iteration, `fused_ar_rms_1stage_rows`)
+SCHEDULE_ENV = {"U": "PEERDSL_FUSED_UNROLL", "V": "PEERDSL_FUSED_ROWS",
+                "E": "PEERDSL_FUSED_END_BARRIER", "S": "PEERDSL_FUSED_SPLIT",
+                "R": "PEERDSL_FUSED_1STAGE_ROWS"}
 
 
 def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
@@ -248,28 +254,38 @@ def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
     return schedules(get_target("sm_90"), hidden, world)
 
 
+def one_stage_rows(hidden: int, world: int) -> list[dict[str, int]]:
+    """The one-stage kernel's rows per iteration the sm_90 build holds beyond 1 ({R: V})."""
+    from peerdsl.ops.fused_ar_rms_1stage import rows_in_flight
+    return [{"R": v} for v in rows_in_flight(hidden, world)]
+
+
 def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
     """us per fused call on each path forced through PEERDSL_FUSED_PATH (LL allowed up to its
-    4 MiB scratch), the two-stage kernel in each of its schedules (`fused_2stage:U4V2E0`).
+    4 MiB scratch), the one-stage kernel also with each built V rows per iteration
+    (`fused_1stage:R2`), the two-stage kernel in each of its schedules (`fused_2stage:U4V2E0`).
     Every rank forces the same paths in the same order. Each result is compared byte for
     byte with the first path's; a differing path is listed under "mismatch"."""
     saved = {k: os.environ.get(k) for k in FUSED_ENV}
     got, first, mismatch = {}, None, []
-    runs = [("ll+rmsnorm", {}), ("fused_1stage", {})] + [
-        ("fused_2stage", s) for s in (fused_schedules(x.shape[1], comm.world) if comm.arch == "sm_90"
-                                      else [{}])]
+    sm90 = comm.arch == "sm_90"
+    runs = [("ll+rmsnorm", {}), ("fused_1stage", {"R": 1} if sm90 else {})] + [
+        ("fused_1stage", s) for s in (one_stage_rows(x.shape[1], comm.world) if sm90 else [])
+    ] + [("fused_2stage", s) for s in (fused_schedules(x.shape[1], comm.world) if sm90
+                                       else [{}])]
     try:
         os.environ["PEERDSL_LL_MAX_BYTES"] = str(comm.meta_layout.ll_max_bytes)
         for path, sched in runs:
             os.environ["PEERDSL_FUSED_PATH"] = path
-            for key, name in (("U", "PEERDSL_FUSED_UNROLL"), ("V", "PEERDSL_FUSED_ROWS"),
-                              ("E", "PEERDSL_FUSED_END_BARRIER"), ("S", "PEERDSL_FUSED_SPLIT")):
+            for key, name in SCHEDULE_ENV.items():
                 if key in sched:
                     os.environ[name] = str(sched[key])
                 else:
                     os.environ.pop(name, None)
-            label = path + ("".join(f"{k}{v}" for k, v in sched.items()) and
-                            ":" + "".join(f"{k}{v}" for k, v in sched.items()))
+            # the plain one-stage kernel keeps its bare label (R1 forced: not the rows one)
+            shown = {k: v for k, v in sched.items() if (k, v) != ("R", 1)}
+            label = path + ("".join(f"{k}{v}" for k, v in shown.items()) and
+                            ":" + "".join(f"{k}{v}" for k, v in shown.items()))
             try:
                 result = comm.fused_allreduce_rmsnorm(x, res, w)
             except ValueError:  # not valid for this shape or world

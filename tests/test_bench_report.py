@@ -38,3 +38,34 @@ def test_peers_table_is_empty_without_peer_figures():
     for key in ("vllm_ar_us", "vllm_pair_us"):
         del rank["rows"]["6144:1024"][key]
     assert peers_table({"tp2": merge([rank])}) == ""
+
+
+def test_sweep_forces_each_one_stage_rows_variant(monkeypatch):
+    """bench_ar_rms.forced_paths on sm_90 times the plain one-stage kernel (R1 forced, the
+    bare label) and each built rows-per-iteration variant, and restores the environment."""
+    import os
+    import types
+
+    import torch
+
+    from benchmarks import bench_ar_rms as B
+
+    seen = []
+
+    class Comm:
+        arch, world = "sm_90", 4
+        meta_layout = types.SimpleNamespace(ll_max_bytes=1 << 22)
+        graph_capture = None
+
+        def fused_allreduce_rmsnorm(self, x, res, w):
+            seen.append((os.environ.get("PEERDSL_FUSED_PATH"),
+                         os.environ.get("PEERDSL_FUSED_1STAGE_ROWS")))
+            return types.SimpleNamespace(out=x.clone(), residual_out=res.clone())
+
+    monkeypatch.delenv("PEERDSL_FUSED_1STAGE_ROWS", raising=False)
+    monkeypatch.setattr(B, "graph_time_us", lambda *a, **k: 1.0)
+    x = torch.zeros(64, 2880, dtype=torch.bfloat16)
+    got = B.forced_paths(torch, Comm(), x, x, x[0], None, None)
+    assert {"fused_1stage_us", "fused_1stage:R2_us", "fused_1stage:R4_us"} <= set(got)
+    assert ("fused_1stage", "1") in seen and ("fused_1stage", "4") in seen
+    assert "mismatch" not in got and "PEERDSL_FUSED_1STAGE_ROWS" not in os.environ
