@@ -13,6 +13,7 @@ from peerdsl.ops.fused_ar_rms_1stage import ROWS_FIT, rows_in_flight
 from peerdsl.ops.registry import load_all
 from peerdsl.runtime import dispatch, kernel_variants
 from peerdsl.runtime.built import from_registry
+from peerdsl.runtime.fused_launch import fused_kernel
 from reference import norm_case, norm_outputs
 
 
@@ -86,12 +87,12 @@ def test_communicator_launches_the_rows_kernel_where_asked(monkeypatch):
     """On the simulator (gfx1250: nothing built) the plain kernel; the choice and the grid
     of a build that has the rows kernel, through the communicator's own planning."""
     def body(comm):
-        plain = comm._fused_kernel("fused_1stage", 64, 6144, "bf16")
+        plain = fused_kernel(comm, "fused_1stage", 64, 6144, "bf16")
         comm.built = from_registry("sm_90")
         comm.arch = "sm_90"
         comm.max_grid = 33
-        rows = comm._fused_kernel("fused_1stage", 64, 6144, "bf16")
-        few = comm._fused_kernel("fused_1stage", 20, 6144, "bf16")
+        rows = fused_kernel(comm, "fused_1stage", 64, 6144, "bf16")
+        few = fused_kernel(comm, "fused_1stage", 20, 6144, "bf16")
         return plain[1:], rows[1:], few[1:]
 
     for plain, rows, few in peerdsl.sim.run(4, body):

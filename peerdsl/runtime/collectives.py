@@ -19,12 +19,12 @@ from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN, hid
 from . import dispatch
 from .built import Built, RowKernel, from_registry
 from .callid import CallIdentity, collective_call, local_call
+from .fused_launch import fused_kernel, gather_launch
 from .norm_result import NormResult  # noqa: F401 (the norm entry points' result type)
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 ALIGN = 16
-ROWS_OP = "fused_ar_rms_1stage_rows"  # the fused one-stage kernel with V rows per iteration
 
 
 def check_tensor(name: str, t: Any, dtype: torch.dtype | None = None,
@@ -332,7 +332,7 @@ class Collectives(CallIdentity):
         # residual and weight first: _dev may raise, and _stage writes the registered pool
         residual_dev, weight_dev = self._dev(residual), self._dev(weight)
         # chosen before _stage writes the registered pool (it raises when nothing is built)
-        rk, name, constexprs, grid = self._fused_kernel(path, rows, hidden, T)
+        rk, name, constexprs, grid = fused_kernel(self, path, rows, hidden, T)
         # S = 1: stage 1 alone, then the gather launch; its variant too before any launch
         gather_kernel = (self._row_kernel("fused_ar_rms_gather", hidden)
                          if constexprs.get("S") else None)
@@ -343,7 +343,7 @@ class Collectives(CallIdentity):
             args["staging"] = self.staging_peers
         self._launch(name, constexprs, grid, args)
         if gather_kernel is not None:
-            name, cx, gather_args = self._gather_launch(gather_kernel, T, args)
+            name, cx, gather_args = gather_launch(self, gather_kernel, T, args)
             self._launch(name, cx, self._local_grid(rows), gather_args, local=True)
         result = self._norm_result(bufs, rows, hidden, x.dtype, kflags)
         if quant_after:
@@ -351,33 +351,6 @@ class Collectives(CallIdentity):
             result = NormResult(None, result.residual_out, q, scale,
                                 result.out if bf16_mirror else None)
         return result
-
-    def _fused_kernel(self, path: str, rows: int, hidden: int, T: Any
-                      ) -> tuple[Any, str, dict, int]:
-        """(RowKernel, kernel name, constexprs, grid) of a fused path's launch: the
-        two-stage kernel with its schedule, or the one-stage kernel, with V rows per block
-        iteration where dispatch asks for them and they are built (a build from before
-        `fused_ar_rms_1stage_rows` launches the plain kernel: the same bytes)."""
-        rk = self._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
-        cx = {"T": T, rk.size_key: rk.size, "W": self.world, "FP8": self.fp8_format}
-        name, per_block = rk.name, 1
-        if path == "fused_2stage":
-            cx.update(dispatch.fused_2stage_kernel(self.arch, self.world, rk.size,
-                                                   rk.runtime_h))
-        elif not rk.runtime_h:
-            v = dispatch.fused_1stage_rows(self.arch, self.world, rows, hidden, self.max_grid)
-            if v > 1 and self.built.has(ROWS_OP, H=hidden, W=self.world, V=v):
-                name, per_block, cx["V"] = ROWS_OP, v, v
-        grid = max(1, min(-(-rows // per_block), self.max_grid, layout.MAX_BLOCKS))
-        return rk, name, cx, grid
-
-    def _gather_launch(self, gk: Any, T: Any, fused_args: dict) -> tuple[str, dict, dict]:
-        """(kernel, constexprs, arguments) of ops/fused_ar_rms_gather.py (`gk`, its RowKernel),
-        the stage 2 after a fused_ar_rms_2stage launch with S = 1 (`fused_args`: that one's)."""
-        cx = {"T": T, gk.size_key: gk.size, "W": self.world, "FP8": self.fp8_format}
-        names = ("staging", "residual", "weight", "out", "residual_out", "q", "scale", "sig",
-                 "rank", "rows", "eps", "flags")
-        return gk.name, cx, {**{k: fused_args[k] for k in names}, **gk.args}
 
     # ------------------------------------------------------------------ prepared calls
     def prepare_fused_allreduce_rmsnorm(self, x, residual, weight, *args: Any,

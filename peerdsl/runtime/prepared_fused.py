@@ -12,6 +12,7 @@ from ..ops._rows import FLAG_FP8, FLAG_MIRROR
 from . import dispatch
 from .callid import call_key
 from .collectives import FP8_DTYPES, NormResult
+from .fused_launch import fused_kernel, gather_launch
 from .prepared import (PreparedCall, agree, bind_entry, check_output, compile_call,
                        describe, finish, in_place_op, plain_each_call, usable)
 
@@ -102,7 +103,7 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
                                           dict(x=ar, **norm_args, **vals, **norm.args),
                                           local=True)))
     else:
-        rk, name, cx, grid = comm._fused_kernel(path, rows, hidden, T)
+        rk, name, cx, grid = fused_kernel(comm, path, rows, hidden, T)
         inp = b.registered(x, stage_input)
         op = ENTRY if stage_input else in_place_op(comm, ENTRY)
         fused_args = dict(inp=inp, sig=comm.signal_peers, rank=comm.rank, **norm_args, **vals,
@@ -112,8 +113,8 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
         actions.append(("collective", b.launch(name, cx, grid, fused_args),
                         call_key(op, call_args, kwargs, name, cx, comm.world), b.check(name)))
         if cx.get("S"):  # stage 1 alone: the gather launch does stage 2
-            g_name, g_cx, g_args = comm._gather_launch(
-                comm._row_kernel("fused_ar_rms_gather", hidden), T, fused_args)
+            g_name, g_cx, g_args = gather_launch(
+                comm, comm._row_kernel("fused_ar_rms_gather", hidden), T, fused_args)
             actions.append(("local", b.launch(g_name, g_cx, comm._local_grid(rows), g_args,
                                               local=True)))
         if quant_after:

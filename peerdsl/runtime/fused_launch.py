@@ -1,0 +1,41 @@
+"""What a fused all-reduce + RMSNorm launch runs, shared by the plain call
+(collectives.py `_fused`) and the prepared one (prepared_fused.py): the kernel variant, its
+constexprs and grid, and the gather launch after a split two-stage kernel."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import layout
+from . import dispatch
+from .built import RowKernel
+
+ROWS_OP = "fused_ar_rms_1stage_rows"  # the fused one-stage kernel with V rows per iteration
+
+
+def fused_kernel(comm: Any, path: str, rows: int, hidden: int, T: Any
+                 ) -> tuple[RowKernel, str, dict, int]:
+    """(RowKernel, kernel name, constexprs, grid) of a fused path's launch: the two-stage
+    kernel with its schedule, or the one-stage kernel, with V rows per block iteration where
+    dispatch asks for them and they are built (a build from before `fused_ar_rms_1stage_rows`
+    launches the plain kernel: the same bytes)."""
+    rk = comm._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
+    cx = {"T": T, rk.size_key: rk.size, "W": comm.world, "FP8": comm.fp8_format}
+    name, per_block = rk.name, 1
+    if path == "fused_2stage":
+        cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size, rk.runtime_h))
+    elif not rk.runtime_h:
+        v = dispatch.fused_1stage_rows(comm.arch, comm.world, rows, hidden, comm.max_grid)
+        if v > 1 and comm.built.has(ROWS_OP, H=hidden, W=comm.world, V=v):
+            name, per_block, cx["V"] = ROWS_OP, v, v
+    grid = max(1, min(-(-rows // per_block), comm.max_grid, layout.MAX_BLOCKS))
+    return rk, name, cx, grid
+
+
+def gather_launch(comm: Any, gk: RowKernel, T: Any, fused_args: dict
+                  ) -> tuple[str, dict, dict]:
+    """(kernel, constexprs, arguments) of ops/fused_ar_rms_gather.py (`gk`, its RowKernel),
+    the stage 2 after a fused_ar_rms_2stage launch with S = 1 (`fused_args`: that one's)."""
+    cx = {"T": T, gk.size_key: gk.size, "W": comm.world, "FP8": comm.fp8_format}
+    names = ("staging", "residual", "weight", "out", "residual_out", "q", "scale", "sig",
+             "rank", "rows", "eps", "flags")
+    return gk.name, cx, {**{k: fused_args[k] for k in names}, **gk.args}
