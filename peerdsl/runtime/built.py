@@ -64,14 +64,21 @@ class Built:
     # row_kernel's answers (per op, hidden size, forced): the launch path asks every call
     _row_kernels: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
+    _has: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def values(self, op: str, key: str) -> tuple[int, ...]:
         return tuple(sorted({int(c[key]) for c in self.variants.get(op, ()) if key in c}))
 
     def has(self, op: str, **constexprs: int) -> bool:
-        """Whether a variant of `op` with these (integer) constexprs is built."""
-        return any(all(k in c and int(c[k]) == v for k, v in constexprs.items())
-                   for c in self.variants.get(op, ()))
+        """Whether a variant of `op` with these (integer) constexprs is built (the launch
+        path asks every call: answered once per question)."""
+        key = (op, *constexprs.items())
+        hit = self._has.get(key)
+        if hit is None:
+            hit = self._has[key] = any(all(k in c and int(c[k]) == v
+                                           for k, v in constexprs.items())
+                                       for c in self.variants.get(op, ()))
+        return hit
 
     def worlds(self) -> tuple[int, ...]:
         """World sizes every collective kernel present was built for (() if none is)."""

@@ -17,7 +17,18 @@ def fused_kernel(comm: Any, path: str, rows: int, hidden: int, T: Any
     """(RowKernel, kernel name, constexprs, grid) of a fused path's launch: the two-stage
     kernel with its schedule, or the one-stage kernel, with V rows per block iteration where
     dispatch asks for them and they are built (a build from before `fused_ar_rms_1stage_rows`
-    launches the plain kernel: the same bytes)."""
+    launches the plain kernel: the same bytes). Cached per communicator on every input, the
+    PEERDSL_* environment included (the eager path asks every call); callers do not modify
+    the constexprs they get."""
+    plans = comm.__dict__.setdefault("_fused_plans", {})
+    key = (path, rows, hidden, T, comm.force_runtime_h, comm.arch, comm.max_grid,
+           id(comm.built), dispatch._env_key())
+    return dispatch._cached(plans, key,
+                            lambda: _plan(comm, path, rows, hidden, T))
+
+
+def _plan(comm: Any, path: str, rows: int, hidden: int, T: Any
+          ) -> tuple[RowKernel, str, dict, int]:
     rk = comm._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
     cx = {"T": T, rk.size_key: rk.size, "W": comm.world, "FP8": comm.fp8_format}
     name, per_block = rk.name, 1
