@@ -319,6 +319,30 @@ def residual_norm_rows(ar_pack: Callable[[Any, int], list], rows: list, valid: l
             rmsnorm_epilogue(s, row, H, T, weight, eps, flags, out, q, scale, fmt, 0)
 
 
+def residual_norm_block_rows(ar_pack: Callable[[Any, int], list], n: Any, V: int, H: Hidden,
+                             T: Any, residual: Any, residual_out: Any, weight: Any, eps: Any,
+                             flags: Any, out: Any, q: Any, scale: Any, fmt: str,
+                             ahead: int = 1) -> None:
+    """This block's rows b, b + G, ... < n (G blocks) through residual_norm_row (`ahead` as
+    there), or for a constexpr V > 1 V rows per iteration through residual_norm_rows, all
+    their packs read before the first store. `ar_pack(row, k)` reads a row's k-th
+    all-reduced pack. Rows past the end reread the iteration's first row (in range) and
+    store nothing, so the bytes stored are those of V = 1."""
+    if V == 1:
+        for row in range(dsl.block_id(), n, dsl.num_blocks()):
+            # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
+            residual_norm_row(lambda k: ar_pack(row, k), row, H, T, residual, residual_out,
+                              weight, eps, flags, out, q, scale, fmt, ahead)
+        return
+    stride = dsl.num_blocks()
+    for row in range(dsl.block_id(), n, stride * V):
+        block_rows = [row] + [dsl.select(row + v * stride < n, row + v * stride, row)
+                              for v in range(1, V)]
+        valid = [True] + [row + v * stride < n for v in range(1, V)]
+        residual_norm_rows(ar_pack, block_rows, valid, H, T, residual, residual_out, weight,
+                           eps, flags, out, q, scale, fmt)
+
+
 def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], list]:
     """`ar_pack` for residual_norm_row: this thread's k-th pack of row `row` of `base`."""
     packs, _ = row_geometry(H)

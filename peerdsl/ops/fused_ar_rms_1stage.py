@@ -17,7 +17,7 @@ from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, pack_index,
-                    residual_norm_row, residual_norm_rows, row_geometry, slot_pack)
+                    residual_norm_block_rows, row_geometry, slot_pack)
 from .registry import register
 
 
@@ -34,22 +34,9 @@ def reduced_pack(inp, row, H, T, W, k):
 def one_stage(signal, inp, residual, weight, out, residual_out, q, scale, rows, eps, flags,
               T, H, W, FP8, R=1, V=1):
     signal.start()
-    if V == 1:
-        for row in range(dsl.block_id(), signal.bound(rows), dsl.num_blocks()):
-            # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
-            residual_norm_row(lambda k: reduced_pack(inp, row, H, T, W, k), row, H, T,
-                              residual, residual_out, weight, eps, flags, out, q, scale, FP8, R)
-    else:
-        n, stride = signal.bound(rows), dsl.num_blocks()
-        for row in range(dsl.block_id(), n, stride * V):
-            # rows past the end reread this iteration's first row (in range) and store
-            # nothing: the bytes stored are those of V = 1
-            block_rows = [row] + [dsl.select(row + v * stride < n, row + v * stride, row)
-                                  for v in range(1, V)]
-            valid = [True] + [row + v * stride < n for v in range(1, V)]
-            residual_norm_rows(lambda r, k: reduced_pack(inp, r, H, T, W, k), block_rows,
-                               valid, H, T, residual, residual_out, weight, eps, flags, out, q,
-                               scale, FP8)
+    residual_norm_block_rows(lambda r, k: reduced_pack(inp, r, H, T, W, k), signal.bound(rows),
+                             V, H, T, residual, residual_out, weight, eps, flags, out, q, scale,
+                             FP8, R)
     signal.end()
 
 

@@ -29,7 +29,7 @@ from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    pack_index, residual_norm_row, residual_norm_rows, row_geometry, slot_pack)
+                    pack_index, residual_norm_block_rows, row_geometry, slot_pack)
 from .registry import register
 
 
@@ -91,23 +91,9 @@ def gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, 
                      T, H, W, FP8, R, V, sources):
     """Stage 2: this block's rows b, b + G, ... < n gathered from the owners' staging and
     normalized, V rows per iteration (all their packs read before the first store)."""
-    if V == 1:
-        for row in range(dsl.block_id(), n, dsl.num_blocks()):
-            residual_norm_row(lambda k: gathered_pack(staging, row, H, T, W, k, sources[k]), row,
-                              H, T, residual, residual_out, weight, eps, flags, out, q, scale,
-                              FP8, R)
-        return
-    stride = dsl.num_blocks()
-    for row in range(dsl.block_id(), n, stride * V):
-        # rows past the end reread this block's first row (staged, in range) and store
-        # nothing: the bytes stored are those of V = 1
-        block_rows = [row] + [dsl.select(row + v * stride < n, row + v * stride, row)
-                              for v in range(1, V)]
-        valid = [True] + [row + v * stride < n for v in range(1, V)]
-        residual_norm_rows(lambda r, k: gathered_pack(staging, r, H, T, W, k, sources[k]),
-                           block_rows, valid, H, T, residual, residual_out, weight, eps,
-                           flags, out, q, scale, FP8)
-
+    residual_norm_block_rows(lambda r, k: gathered_pack(staging, r, H, T, W, k, sources[k]),
+                             n, V, H, T, residual, residual_out, weight, eps, flags, out, q,
+                             scale, FP8, R)
 
 def shard_pack(inp, rank, row, j, H, T, W):
     """Shard pack j of `row`: summed in rank order from every rank's input (loads only)."""
