@@ -11,7 +11,7 @@ import peerdsl.sim
 from peerdsl.lowering.targets import get_target
 from peerdsl.ops.fused_ar_rms_1stage import ROWS_FIT, rows_in_flight
 from peerdsl.ops.registry import load_all
-from peerdsl.runtime import dispatch, kernel_variants
+from peerdsl.runtime import dispatch
 from peerdsl.runtime.built import from_registry
 from peerdsl.runtime.fused_launch import fused_kernel
 from reference import norm_case, norm_outputs
@@ -62,10 +62,8 @@ def test_sm90_builds_what_dispatch_asks_for_and_amd_none(monkeypatch):
         [2, 2, 2]
     assert dispatch.fused_1stage_rows("sm_90", 4, 200, 6144, 33) == 2
     monkeypatch.setitem(dispatch.FUSED_1STAGE_ROWS, "sm_90", 4)
-    kernel_variants._ROWS_PLANS.clear()
     assert [dispatch.fused_1stage_rows("sm_90", 4, r, 2880, 33) for r in (60, 67, 200)] == \
         [2, 4, 4]
-    kernel_variants._ROWS_PLANS.clear()
 
 
 def test_rows_override(monkeypatch):

@@ -25,6 +25,9 @@ from ..ops._rows import HIDDEN_MAX, HIDDEN_MIN, hidden_rule_error, runtime_class
 RUNTIME_H_OPS = {op: f"{op}_runtime_h" for op in (
     "add_rmsnorm", "per_token_quant_fp8", "fused_ar_rms_1stage", "fused_ar_rms_2stage",
     "fused_ar_rms_gather")}
+# the fused one-stage kernel with V rows per block iteration (runtime/fused_launch.py); not
+# in COLLECTIVE_OPS: it is built for some world sizes only, the plain kernel serves the rest
+ROWS_OP = "fused_ar_rms_1stage_rows"
 # the kernels behind the collective methods of runtime/collectives.py (W constexpr)
 COLLECTIVE_OPS = ("allreduce_ll", "allreduce_1stage", "allreduce_2stage", "allgather",
                   "null_collective", "fused_ar_rms_1stage", "fused_ar_rms_2stage",
@@ -64,21 +67,14 @@ class Built:
     # row_kernel's answers (per op, hidden size, forced): the launch path asks every call
     _row_kernels: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
-    _has: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def values(self, op: str, key: str) -> tuple[int, ...]:
         return tuple(sorted({int(c[key]) for c in self.variants.get(op, ()) if key in c}))
 
     def has(self, op: str, **constexprs: int) -> bool:
-        """Whether a variant of `op` with these (integer) constexprs is built (the launch
-        path asks every call: answered once per question)."""
-        key = (op, *constexprs.items())
-        hit = self._has.get(key)
-        if hit is None:
-            hit = self._has[key] = any(all(k in c and int(c[k]) == v
-                                           for k, v in constexprs.items())
-                                       for c in self.variants.get(op, ()))
-        return hit
+        """Whether a variant of `op` with these (integer) constexprs is built."""
+        return any(all(k in c and int(c[k]) == v for k, v in constexprs.items())
+                   for c in self.variants.get(op, ()))
 
     def worlds(self) -> tuple[int, ...]:
         """World sizes every collective kernel present was built for (() if none is)."""
@@ -170,10 +166,8 @@ def from_registry(target: str) -> Built:
     from ..ops.registry import load_all
     t = get_target(target)
     # RUNTIME_H_OPS's keys too: the gather kernel (NVIDIA only) is in no HIDDEN_OPS entry
-    # and the fused one-stage kernel's multi-row form (not in COLLECTIVE_OPS: it is built
-    # for some world sizes only, and the plain kernel serves the others)
     wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values(), RUNTIME_H_OPS,
-                                       RUNTIME_H_OPS.values(), ("fused_ar_rms_1stage_rows",))
+                                       RUNTIME_H_OPS.values(), (ROWS_OP,))
     variants = {name: tuple(spec.variants(t)) for name, spec in load_all().items()
                 if name in wanted}
     return Built(target, "simulator: the op registry's variants", variants,

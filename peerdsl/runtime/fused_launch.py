@@ -7,9 +7,7 @@ from typing import Any
 
 from .. import layout
 from . import dispatch
-from .built import RowKernel
-
-ROWS_OP = "fused_ar_rms_1stage_rows"  # the fused one-stage kernel with V rows per iteration
+from .built import ROWS_OP, RowKernel
 
 
 def fused_kernel(comm: Any, path: str, rows: int, hidden: int, T: Any

@@ -158,7 +158,6 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
 # simulator-tested but not yet measured there, so it is taken only when forced
 # (PEERDSL_FUSED_1STAGE_ROWS=4).
 FUSED_1STAGE_ROWS: dict[str, int] = {"sm_90": 2}
-_ROWS_PLANS: dict[tuple, int] = {}
 
 
 def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: int) -> int:
@@ -166,15 +165,9 @@ def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: i
     `rows` rows of H = `hidden` with at most `max_grid` blocks: 1 (the plain kernel) where
     the rows fit one per block or the target builds no multi-row kernel for (H, W), else the
     smallest built V up to the target's FUSED_1STAGE_ROWS that covers the rows in one
-    iteration (the largest of those where none does). PEERDSL_FUSED_1STAGE_ROWS=V forces V (1: off; one not built for (H, W): a
-    ValueError naming those that are)."""
-    from .dispatch import _cached, _env_key
-    need = -(-rows // max(1, max_grid))  # rows per block in one iteration (built V <= 8)
-    return _cached(_ROWS_PLANS, (arch, world, min(need, 8), hidden, _env_key()),
-                   lambda: _fused_1stage_rows(arch, world, need, hidden))
-
-
-def _fused_1stage_rows(arch: str, world: int, need: int, hidden: int) -> int:
+    iteration (the largest of those where none does). PEERDSL_FUSED_1STAGE_ROWS=V forces V
+    (1: off; one not built for (H, W): a ValueError naming those that are). Not cached: its
+    caller, runtime/fused_launch.py `fused_kernel`, caches the whole launch plan."""
     from ..ops.fused_ar_rms_1stage import rows_in_flight
     from .dispatch import _ROWS_ENV, _env_ints
     built = rows_in_flight(hidden, world) if arch in FUSED_1STAGE_ROWS else ()
@@ -186,6 +179,7 @@ def _fused_1stage_rows(arch: str, world: int, need: int, hidden: int) -> int:
                              f"W={world} on {arch}")
         return forced
     picks = [v for v in built if v <= FUSED_1STAGE_ROWS.get(arch, 1)]
+    need = -(-rows // max(1, max_grid))  # rows per block in one iteration
     if need <= 1 or not picks:
         return 1
     return next((v for v in picks if v >= need), picks[-1])
