@@ -237,14 +237,12 @@ def rank_main(rank, world, port, build, hiddens, vllm_lib=None) -> dict:
     return result
 
 
-FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", "PEERDSL_FUSED_UNROLL",
-             "PEERDSL_FUSED_ROWS", "PEERDSL_FUSED_END_BARRIER", "PEERDSL_FUSED_SPLIT",
-             "PEERDSL_FUSED_1STAGE_ROWS")
 # the environment variable each schedule key of a swept path sets (R: the one-stage
 # kernel's rows per iteration, `fused_ar_rms_1stage_rows`)
 SCHEDULE_ENV = {"U": "PEERDSL_FUSED_UNROLL", "V": "PEERDSL_FUSED_ROWS",
                 "E": "PEERDSL_FUSED_END_BARRIER", "S": "PEERDSL_FUSED_SPLIT",
                 "R": "PEERDSL_FUSED_1STAGE_ROWS"}
+FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", *SCHEDULE_ENV.values())
 
 
 def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
@@ -283,9 +281,8 @@ def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
                 else:
                     os.environ.pop(name, None)
             # the plain one-stage kernel keeps its bare label (R1 forced: not the rows one)
-            shown = {k: v for k, v in sched.items() if (k, v) != ("R", 1)}
-            label = path + ("".join(f"{k}{v}" for k, v in shown.items()) and
-                            ":" + "".join(f"{k}{v}" for k, v in shown.items()))
+            tag = "".join(f"{k}{v}" for k, v in sched.items() if (k, v) != ("R", 1))
+            label = path + (":" + tag if tag else "")
             try:
                 result = comm.fused_allreduce_rmsnorm(x, res, w)
             except ValueError:  # not valid for this shape or world
