@@ -31,9 +31,12 @@ def peer_row(addresses: list[int]) -> list[int]:
 SLOT_WORDS = 2
 SIG_SLOTS = 0                                   # [MAX_BLOCKS][MAX_RANKS] {epoch, tag} from peer
 SIG_EPOCH = SIG_SLOTS + MAX_BLOCKS * MAX_RANKS * SLOT_WORDS  # [MAX_BLOCKS]: block epochs
-SIG_LL_EPOCH = SIG_EPOCH + MAX_BLOCKS           # one LL epoch shared by every LL launch
-SIG_LL_DONE = SIG_LL_EPOCH + 1                  # blocks of the current LL launch that finished
-SIG_SPIN_LIMIT = SIG_LL_DONE + 1                # iterations a spin may take (set by the host)
+# [MAX_BLOCKS]: the one LL epoch, kept as a copy per block index. Every LL launch reads its
+# block's copy and writes the next value into every copy (block b of a G-block launch writes
+# copies b, b + G, b + 2G, ...: only ones that no other block of the launch reads), so all
+# copies stay equal whatever the grids, with no atomic and no fence in the kernel.
+SIG_LL_EPOCH = SIG_EPOCH + MAX_BLOCKS
+SIG_SPIN_LIMIT = SIG_LL_EPOCH + MAX_BLOCKS      # iterations a spin may take (set by the host)
 SIG_ERROR = SIG_SPIN_LIMIT + 1                  # the error record, ERROR_WORDS words:
 ERR_FLAG, ERR_RANK, ERR_BLOCK, ERR_WHAT, ERR_EXPECTED, ERR_SEEN = range(6)
 ERR_CAUSE, ERR_PEER, ERR_TAG, ERR_PEER_TAG = range(6, 10)  # ERR_PEER: peer + 1 (0: none)

@@ -55,7 +55,7 @@ class RefArtifacts:
 
 def layout_defines() -> list[str]:
     """The Signal layout from layout.py, so the C++ cannot drift from the DSL's."""
-    names = ("MAX_RANKS", "SIG_SLOTS", "SIG_EPOCH", "SIG_LL_EPOCH", "SIG_LL_DONE",
+    names = ("MAX_RANKS", "MAX_BLOCKS", "SIG_SLOTS", "SIG_EPOCH", "SIG_LL_EPOCH",
              "SIG_SPIN_LIMIT", "SIG_ERROR")
     return [f"-DREF_{n}={getattr(layout, n)}" for n in names]
 

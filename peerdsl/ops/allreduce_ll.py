@@ -7,10 +7,13 @@ own scratch (every rank's line of a half pack read at once, then polling only a 
 there yet), accepts a line once its flags are {epoch, epoch ^ tag} (each 8-byte half carries
 one, so a torn line is never accepted), and sums in rank order.
 
-The epoch is one device-side word of the Signal, shared by every LL launch and advanced once
-per launch by the last block to finish, so a change of grid between launches can never let a
-block accept a stale line. It is never 0 (zeroed scratch never matches) and keeps
-alternating banks across the 2^32 wrap. The tag (`dsl.CallId`: the call's identity) in the
+The epoch is one device-side counter of the Signal, shared by every LL launch and advanced
+once per launch for every block index at once (layout.SIG_LL_EPOCH: a copy per block index;
+block b of a G-block launch reads copy b and writes the next epoch into copies b, b + G, ...,
+which no other block of the launch reads), so a change of grid between launches can never let
+a block accept a stale line, and advancing it costs no atomic and no fence: the launch
+boundary publishes the copies to the next launch. It is never 0 (zeroed scratch never
+matches) and keeps alternating banks across the 2^32 wrap. The tag (`dsl.CallId`: the call's identity) in the
 second flag makes a line of another call a detected mismatch, never a silently summed term;
 a rank whose error record was set when the launch started pushes its lines with TAG_ABORT, so
 peers raise instead of summing what may be garbage. Graph replays repeat the tag but the
@@ -109,7 +112,7 @@ def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtr
                  rank: dsl.i32, n_packs: dsl.i32, lines_per_peer: dsl.i32, call: dsl.CallId,
                  T: constexpr, W: constexpr):
     me = sig[rank]
-    epoch = next_ll_epoch(dsl.load(me + layout.SIG_LL_EPOCH))
+    epoch = next_ll_epoch(dsl.load(me + (layout.SIG_LL_EPOCH + dsl.block_id())))
     # the record and the limit as the launch found them (plain loads beside the epoch's)
     sticky = dsl.load(me + layout.SIG_ERROR)
     limit = dsl.load(me + layout.SIG_SPIN_LIMIT)
@@ -118,12 +121,19 @@ def allreduce_ll(x: Ptr["T"], out: Ptr["T"], sig: PeerPtrs[dsl.i32], ll: PeerPtr
             dsl.select(sticky == 0, call, call | layout.TAG_ABORT))
     ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W, call,
                dsl.select(sticky == 0, limit, 0))
+    advance_ll_epoch(me, epoch)
+
+
+def advance_ll_epoch(me, epoch):
+    """Store `epoch` into this block's copy of the LL epoch and every copy past the grid in
+    its residue class (block b of G: b, b + G, b + 2G, ...), once every thread of the block
+    has read copy b: together the launch's blocks cover every copy, each written by one block
+    and read by no other block of the launch. (One store per thread where the launch has at
+    least MAX_BLOCKS threads.)"""
     dsl.barrier()
-    if dsl.thread_id() == 0:
-        done = dsl.atomic_add(me + layout.SIG_LL_DONE, 1, "agent", "acq_rel")
-        if done == dsl.num_blocks() - 1:  # every block of this launch has read the epoch
-            dsl.store(me + layout.SIG_LL_DONE, 0, "agent", "relaxed")
-            dsl.store(me + layout.SIG_LL_EPOCH, epoch, "agent", "release")
+    for copy in range(dsl.block_id() + dsl.thread_id() * dsl.num_blocks(), layout.MAX_BLOCKS,
+                      dsl.num_blocks() * dsl.block_size()):
+        dsl.store(me + (layout.SIG_LL_EPOCH + copy), epoch)
 
 
 def variants(target):

@@ -229,9 +229,9 @@ class CallIdentity:
         the LL epoch of this rank's Signal as if `value` barriers (and LL launches) had run,
         so a test can cross the 2^31 and 2^32 wraps in a few calls."""
         v = value & 0xFFFFFFFF
-        words = np.zeros(layout.SIG_LL_EPOCH + 1, np.uint32)
+        words = np.zeros(layout.SIG_LL_EPOCH + layout.MAX_BLOCKS, np.uint32)
         words[layout.SIG_SLOTS:layout.SIG_EPOCH:layout.SLOT_WORDS] = v  # epoch half, tag 0
         words[layout.SIG_EPOCH:layout.SIG_EPOCH + layout.MAX_BLOCKS] = v
-        words[layout.SIG_LL_EPOCH] = v
+        words[layout.SIG_LL_EPOCH:] = v  # every copy of the LL epoch
         self._refuse()
         self._write_signal(0, words.view(np.int32))

@@ -1,7 +1,7 @@
 // Reference HIP kernel: LL all-reduce, bf16 (SPEC 3). Hand-written twin of
 // peerdsl/ops/allreduce_ll.py: same line format {data0, epoch, data1, epoch}, banks by epoch
-// parity, one LL epoch word shared by every launch and advanced by the last block to finish,
-// input read in place, all packs pushed before any is collected, sums in rank order.
+// parity, one LL epoch shared by every launch, kept as a copy per block index and advanced
+// in every copy by each launch (block b of G writes copies b, b + G, ...), input read in place, all packs pushed before any is collected, sums in rank order.
 // Builds for gfx1250 (clang -x hip) and sm_90 (nvcc).
 #include "ref_common.h"
 
@@ -29,7 +29,7 @@ __device__ __forceinline__ void ll_body(const hip_bfloat16* x, hip_bfloat16* out
                                         const Peers<int>& sig, const Peers<int>& ll, int rank,
                                         int n_packs, int lines_per_peer) {
   gint* me = sig.p[rank];
-  const int epoch = me[REF_SIG_LL_EPOCH] + 1;
+  const int epoch = me[REF_SIG_LL_EPOCH + ref_block_id()] + 1;
   const int bank_base = (epoch & 1) * (W * lines_per_peer);
   const int grid_threads = ref_num_blocks(BLOCK) * BLOCK;
   const gvec* mine = (const gvec*)ll.p[rank];
@@ -60,15 +60,9 @@ __device__ __forceinline__ void ll_body(const hip_bfloat16* x, hip_bfloat16* out
     }
     ((gvec*)out)[i] = pack_rne(acc);
   }
-  __syncthreads();
-  if (ref_thread_id() == 0) {
-    int done = __hip_atomic_fetch_add(me + REF_SIG_LL_DONE, 1, __ATOMIC_ACQ_REL,
-                                      __HIP_MEMORY_SCOPE_AGENT);
-    if (done == ref_num_blocks(BLOCK) - 1) {  // every block of this launch has read the epoch
-      __hip_atomic_store(me + REF_SIG_LL_DONE, 0, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-      __hip_atomic_store(me + REF_SIG_LL_EPOCH, epoch, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
-    }
-  }
+  __syncthreads();  // every thread of the block has read copy b of the epoch
+  const int copy = ref_block_id() + ref_thread_id() * ref_num_blocks(BLOCK);
+  if (copy < REF_MAX_BLOCKS) me[REF_SIG_LL_EPOCH + copy] = epoch;
 }
 
 // allreduce_ll_bf16_w<W>

@@ -54,8 +54,10 @@ def test_ll_epoch_skips_zero_and_keeps_alternating_banks():
     seen: dict[int, list[int]] = {0: [], 1: []}
 
     def before(comm, i):
-        word = comm.device.read(comm.signal.address + 4 * layout.SIG_LL_EPOCH, 4).view(np.uint32)
-        seen[comm.rank].append(int(word[0]))
+        copies = comm.device.read(comm.signal.address + 4 * layout.SIG_LL_EPOCH,
+                                  4 * layout.MAX_BLOCKS).view(np.uint32)
+        assert len(set(copies.tolist())) == 1, "the LL epoch's copies differ"
+        seen[comm.rank].append(int(copies[0]))
     steps = [Step("ar", n) for n in (256, 512, 1024, 2048, 4096)]
     res = run_case("LL epoch from 0xfffffffd (TP2)", 2, steps, before=before,
                    setup=lambda comm: comm.set_epochs_for_test(2**32 - 3),

@@ -22,6 +22,7 @@ kernel `ar_direct`, and `run1`, a one-device launch helper for the tests.
 """
 import peerdsl.dsl as dsl
 from peerdsl import layout
+from peerdsl.ops.allreduce_ll import advance_ll_epoch
 from peerdsl.runtime.sim import SimSystem
 
 
@@ -148,7 +149,7 @@ def ll_allreduce(sig: dsl.PeerPtrs[dsl.i32], ll: dsl.PeerPtrs[dsl.i32], inp: dsl
     `ll` points at the LL scratch of each rank."""
     me = sig[rank]
     if shared_epoch:
-        epoch = dsl.load(me + layout.SIG_LL_EPOCH, "system", "relaxed") + 1
+        epoch = dsl.load(me + (layout.SIG_LL_EPOCH + dsl.block_id())) + 1
     else:
         block_epoch = me + (layout.SIG_EPOCH + dsl.block_id())
         epoch = dsl.load(block_epoch) + 1  # per-block: BROKEN when the grid size changes
@@ -178,15 +179,11 @@ def ll_allreduce(sig: dsl.PeerPtrs[dsl.i32], ll: dsl.PeerPtrs[dsl.i32], inp: dsl
             s1 = s1 + v[2]
         out[2 * i] = s0
         out[2 * i + 1] = s1
-    dsl.barrier()
-    if dsl.thread_id() == 0:
-        if shared_epoch:
-            # the last block to finish advances the one LL epoch for every cell at once
-            done = me + layout.SIG_LL_DONE
-            if dsl.atomic_add(done, 1, "agent", "acq_rel") == dsl.num_blocks() - 1:
-                dsl.store(done, 0, "agent", "relaxed")
-                dsl.store(me + layout.SIG_LL_EPOCH, epoch, "system", "release")
-        else:
+    if shared_epoch:  # the one LL epoch, advanced in every block's copy at once
+        advance_ll_epoch(me, epoch)
+    else:
+        dsl.barrier()
+        if dsl.thread_id() == 0:
             dsl.store(block_epoch, epoch)
 
 

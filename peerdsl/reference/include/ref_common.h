@@ -14,17 +14,17 @@
 #ifndef REF_SIG_EPOCH
 #define REF_SIG_EPOCH 4096
 #endif
-#ifndef REF_SIG_LL_EPOCH
-#define REF_SIG_LL_EPOCH 4352
+#ifndef REF_MAX_BLOCKS
+#define REF_MAX_BLOCKS 256
 #endif
-#ifndef REF_SIG_LL_DONE
-#define REF_SIG_LL_DONE 4353
+#ifndef REF_SIG_LL_EPOCH
+#define REF_SIG_LL_EPOCH 4352  // [REF_MAX_BLOCKS] copies of the one LL epoch
 #endif
 #ifndef REF_SIG_SPIN_LIMIT
-#define REF_SIG_SPIN_LIMIT 4354
+#define REF_SIG_SPIN_LIMIT 4608
 #endif
 #ifndef REF_SIG_ERROR
-#define REF_SIG_ERROR 4355
+#define REF_SIG_ERROR 4609
 #endif
 enum { WAIT_START = 1, WAIT_END = 2, WAIT_LL = 3 };
 

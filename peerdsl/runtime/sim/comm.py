@@ -96,10 +96,10 @@ def describe_meta(off: int) -> str:
                 f"{slot % layout.MAX_RANKS}] {('epoch', 'tag')[half]}")
     if w < layout.SIG_LL_EPOCH:
         return f"Signal epoch of block {w - layout.SIG_EPOCH}"
-    names = {layout.SIG_LL_EPOCH: "LL epoch", layout.SIG_LL_DONE: "LL done counter",
-             layout.SIG_SPIN_LIMIT: "spin limit"}
-    if w in names:
-        return f"Signal {names[w]}"
+    if w < layout.SIG_SPIN_LIMIT:
+        return f"Signal LL epoch (copy of block {w - layout.SIG_LL_EPOCH})"
+    if w == layout.SIG_SPIN_LIMIT:
+        return "Signal spin limit"
     if layout.SIG_ERROR <= w < layout.SIG_ERROR + layout.ERROR_WORDS:
         return f"Signal error word {w - layout.SIG_ERROR}"
     return "Signal"
