@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# H200 call J1 (2026-12-05). (1) The LL epoch advanced in every block's copy with plain stores
-# (no done counter: no atomic, no release) against the last-block counter, A/B twice
+# H200 call J1 (2026-12-05). (1) The LL kernel with its epoch advanced in every block's copy
+# with plain stores (no done counter: no atomic, no release) and every poll re-reading the W
+# lines of a half pack together (not one peer's line after another), against 87825a8, A/B twice
 # interleaved: base_src/ + build_base_full/ (87825a8: runtime and kernels, the old Signal
 # layout) and this tree + build_new/; TP4 and TP2, H = 6144, 1-256 rows, vLLM's one-stage
 # kernel in every run as is and with SPEC's orderings at both barriers / the start only / the

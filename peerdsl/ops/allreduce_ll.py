@@ -36,31 +36,55 @@ def next_ll_epoch(stored):
     return dsl.select(epoch == 0, 2, epoch)
 
 
-def _wait_line(line, v, epoch, tag, limit, me, rank, peer):
-    """The line as first read is `v`; unless its flags are already {epoch, epoch ^ tag}, spin
-    (bounded) re-reading it until they are. A line of this epoch with another tag, seen
-    MISMATCH_POLLS times in a row, ends the wait as a mismatch (or an abort, when the peer's
-    tag carries TAG_ABORT); the spin also stops once any wait of this rank has failed.
-    Returns the line (garbage unless accepted: the record says so)."""
+def _accepted(v, epoch, want):
+    """Both flag words of line `v` are this call's: {epoch, epoch ^ tag}."""
+    return (v[1] == epoch) & (v[3] == want)
+
+
+def _reread_unless_accepted(line, v, epoch, want):
+    if not _accepted(v, epoch, want):
+        v = dsl.load(line, "system", "relaxed")
+    return v
+
+
+def _all(conds):
+    ok = conds[0]
+    for c in conds[1:]:
+        ok = ok & c
+    return ok
+
+
+def _wait_lines(lines, vs, epoch, tag, limit, me, rank):
+    """The W lines of a half pack (rank order) as first read are `vs`; unless every one is
+    accepted already, spin (bounded), each poll re-reading every line not yet accepted: where
+    the target keeps polls in flight together (sm_90), the wait ends one round trip after the
+    last peer's line lands, not one per peer that was late on the first read. A
+    line of this epoch with another tag, seen MISMATCH_POLLS polls in a row, ends the wait as
+    a mismatch (or an abort, when the peer's tag carries TAG_ABORT); the spin also stops once
+    any wait of this rank has failed. The first line not accepted, in rank order, writes the
+    record. Returns the lines (garbage unless accepted: the record says so)."""
     want = epoch ^ tag
-    if (v[1] != epoch) or (v[3] != want):
+    if not _all([_accepted(v, epoch, want) for v in vs]):
         err = me + layout.SIG_ERROR
-        odd = ((v[1] == epoch) & (v[3] != want)).zext(dsl.i32)
+        odd = [((v[1] == epoch) & (v[3] != want)).zext(dsl.i32) for v in vs]
         n = 0
         stop = 0
-        while ((v[1] != epoch) or (v[3] != want)) and (n < limit) and \
-                (odd < MISMATCH_POLLS) and (stop == 0):
-            v = dsl.load(line, "system", "relaxed")
-            odd = dsl.select((v[1] == epoch) & (v[3] != want), odd + 1, 0)
+        while (not _all([_accepted(v, epoch, want) for v in vs])) and (n < limit) and \
+                _all([o < MISMATCH_POLLS for o in odd]) and (stop == 0):
+            vs = [_reread_unless_accepted(line, v, epoch, want) for line, v in zip(lines, vs)]
             stop = dsl.load(err, "system", "relaxed")
+            odd = [dsl.select((v[1] == epoch) & (v[3] != want), o + 1, 0)
+                   for v, o in zip(vs, odd)]
             n = n + 1
-        if (v[1] != epoch) or (v[3] != want):
-            peer_tag = v[3] ^ epoch
-            cause = dsl.select(v[1] != epoch, layout.CAUSE_TIMEOUT,
-                               dsl.select((peer_tag ^ tag) == layout.TAG_ABORT,
-                                          layout.CAUSE_ABORTED, layout.CAUSE_MISMATCH))
-            dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1], cause, peer, tag, peer_tag)
-    return v
+        for peer, v in enumerate(vs):
+            if not _accepted(v, epoch, want):
+                peer_tag = v[3] ^ epoch
+                cause = dsl.select(v[1] != epoch, layout.CAUSE_TIMEOUT,
+                                   dsl.select((peer_tag ^ tag) == layout.TAG_ABORT,
+                                              layout.CAUSE_ABORTED, layout.CAUSE_MISMATCH))
+                dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1], cause, peer, tag,
+                                 peer_tag)
+    return vs
 
 
 def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W, tag=0):
@@ -86,8 +110,8 @@ def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, 
     """Wait for every rank's lines of this thread's packs and sum them in rank order.
 
     A half pack at a time (line 0 carries elements 0-3, line 1 elements 4-7): every rank's
-    line of the half is read before any is waited for, so the W loads are in flight together
-    and only a line not there yet is polled (a spin in a `while`). Each element is summed
+    line of the half is read before any is waited for, and every poll re-reads the W lines
+    together (`_wait_lines`), so the loads are in flight at once. Each element is summed
     over the ranks in order, so a half at a time gives the same bits; storing each half as
     soon as it is summed keeps one half's lines in registers, not all 2W."""
     P = dsl.vec16(T)
@@ -101,8 +125,8 @@ def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, 
         for half in range(2):
             lines = [region + (2 * i + half) for region in regions]
             first = [dsl.load(line, "system", "relaxed") for line in lines]
-            got = [_wait_line(line, v, epoch, tag, limit, me, rank, r).bitcast(P)
-                   for r, (line, v) in enumerate(zip(lines, first))]
+            got = [v.bitcast(P) for v in
+                   _wait_lines(lines, first, epoch, tag, limit, me, rank)]
             sums = rank_order_sum([[v.to_f32() for v in (g[0], g[1], g[4], g[5])] for g in got])
             out.cast(half_pack)[2 * i + half] = dsl.pack_rne(sums, T)
 
