@@ -6,7 +6,7 @@
 # layout) and this tree + build_new/; TP4 and TP2, H = 6144, 1-256 rows, vLLM's one-stage
 # kernel in every run as is and with SPEC's orderings at both barriers / the start only / the
 # end only (shim stages 3, 5, 6) and ours (4); then the new LL at 16 and 64 rows (LL cap
-# 1 MiB) against the same run's vLLM. (2) The runtime proof on the new kernels.
+# 1 MiB) against the same run's vLLM, with the fused paths forced (ll+rmsnorm among them). (2) The runtime proof on the new kernels.
 # (3) Host cost of eager calls (item 3), TP4 under MPS and TP1 without, after an idle GPU with
 # the thread asleep and spinning. (4) The fused one-stage rows kernel at H = 2880, V = 4 / 2.
 # (5) The fault suite.
@@ -21,8 +21,9 @@ for round in 1 2; do
     python3 scripts/spec_stages_line.py $W/ab_${side}_r$round.json
   done
 done
-step "ll cap 1 MiB" 40 env PEERDSL_LL_MAX_BYTES=1048576 BENCH_ROWS="16 64" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 2 --hidden 6144 --vllm-header peers_src --json $W/ll_cap.json > $W/ll_cap.log 2>&1
+step "ll cap 1 MiB" 70 env PEERDSL_LL_MAX_BYTES=1048576 BENCH_ROWS="1 16 64" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 2 --hidden 6144 --vllm-header peers_src --json $W/ll_cap.json > $W/ll_cap.log 2>&1
 python3 scripts/spec_stages_line.py $W/ll_cap.json
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(tp, k, {p: round(v, 1) for p, v in r.get('paths_us', {}).items() if p.endswith('_us')}) for tp in ('tp4', 'tp2') for k, r in d.get(tp, {}).get('rows', {}).items()]" $W/ll_cap.json
 step "collectives" 80 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_new --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
 tail -3 $W/collectives.log | cut -c1-200
 step "host tp4" 110 env PYTHONPATH=. python3 benchmarks/host_cost_gpu.py --build build_new --tp 4 --json $W/host_tp4.json > $W/host_tp4.log 2>&1
