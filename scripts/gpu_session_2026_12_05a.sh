@@ -24,7 +24,7 @@ done
 step "ll cap 1 MiB" 70 env PEERDSL_LL_MAX_BYTES=1048576 BENCH_ROWS="1 16 64" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 2 --hidden 6144 --vllm-header peers_src --json $W/ll_cap.json > $W/ll_cap.log 2>&1
 python3 scripts/spec_stages_line.py $W/ll_cap.json
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(tp, k, {p: round(v, 1) for p, v in r.get('paths_us', {}).items() if p.endswith('_us')}) for tp in ('tp4', 'tp2') for k, r in d.get(tp, {}).get('rows', {}).items()]" $W/ll_cap.json
-step "collectives" 80 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_new --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
+step "collectives" 80 env PEERDSL_LL_MAX_BYTES=1048576 PEERDSL_FUSED_LL_MAX_BYTES=1048576 PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_new --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
 tail -3 $W/collectives.log | cut -c1-200
 step "host tp4" 110 env PYTHONPATH=. python3 benchmarks/host_cost_gpu.py --build build_new --tp 4 --json $W/host_tp4.json > $W/host_tp4.log 2>&1
 tail -14 $W/host_tp4.log

@@ -97,12 +97,20 @@ def test_fused_paths_and_arguments(comm, monkeypatch):
     x = torch.randn(2, 6144).to(torch.bfloat16)
     res, w = torch.randn(2, 6144).to(torch.bfloat16), torch.ones(6144, dtype=torch.bfloat16)
     comm.fused_allreduce_rmsnorm(x, res, w)  # 24 KiB: under the 64 KiB LL scratch
-    assert comm.last_path == "ll+rmsnorm"
+    assert comm.last_path == "ll+rmsnorm"  # one launch: sm_90 builds fused_ar_rms_ll
+    (fll, cx, grid, args), = comm.log
+    assert (fll, cx) == ("fused_ar_rms_ll", {"T": "bf16", "H": 6144, "W": 4, "FP8": "e4m3fn"})
+    assert args["ll"] == comm.ll_peers and args["rank"] == 1 and args["rows"] == 2
+    assert args["lines_per_peer"] == (64 << 10) // 8 and grid == 2 and args["flags"] == 0
+    comm.log.clear()
+    comm.force_runtime_h = True  # it is specialized only: the two launches
+    comm.fused_allreduce_rmsnorm(x, res, w)
     (ll, cx, grid, args), (rms, _, _, rargs) = comm.log
-    assert (ll, rms, cx) == ("allreduce_ll", "add_rmsnorm", {"T": "bf16", "W": 4})
+    assert (ll, rms, cx) == ("allreduce_ll", "add_rmsnorm_runtime_h", {"T": "bf16", "W": 4})
     assert args["ll"] == comm.ll_peers and args["rank"] == 1 and args["n_packs"] == 1536
     assert args["lines_per_peer"] == (64 << 10) // 8 and grid == 6
     assert rargs["rows"] == 2 and rargs["flags"] == 0
+    comm.force_runtime_h = False
     comm.log.clear()
     x = torch.randn(16, 6144).to(torch.bfloat16)
     res = torch.randn(16, 6144).to(torch.bfloat16)
@@ -236,8 +244,8 @@ def test_kernels_are_looked_up_once(comm, monkeypatch):
     monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", "0")    # nor small two-stage
     for _ in range(3):
         comm.fused_allreduce_rmsnorm(x, x, w)
-    assert calls == ["fused_ar_rms_2stage", "allreduce_ll", "add_rmsnorm"]
-    assert len(comm.log) == 3 + 6
+    assert calls == ["fused_ar_rms_2stage", "fused_ar_rms_ll"]
+    assert len(comm.log) == 3 + 3
 
 
 def test_graph_capture_failures_reach_every_rank(comm, monkeypatch):

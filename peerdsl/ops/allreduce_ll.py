@@ -93,16 +93,44 @@ def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W, tag=0):
     All pushes come before any collect: a thread never waits for peers between its packs,
     so a round trip is paid once per launch, not once per pack."""
     src = x.cast(dsl.i32x4)
-    flag2 = epoch ^ tag
     for i in range(global_thread(), n_packs, grid_threads()):
-        words = src[i]
-        first = dsl.pack([words[0], epoch, words[1], flag2], dsl.i32)
-        second = dsl.pack([words[2], epoch, words[3], flag2], dsl.i32)
-        slot = bank_base + rank * lines_per_peer + 2 * i
-        for r in range(W):
-            lines = ll[r].cast(dsl.i32x4)
-            dsl.store(lines + slot, first, "system", "relaxed")
-            dsl.store(lines + (slot + 1), second, "system", "relaxed")
+        ll_push_pack(src[i], i, ll, rank, epoch, epoch ^ tag, bank_base, lines_per_peer, W)
+
+
+def ll_push_pack(words, i, ll, rank, epoch, flag2, bank_base, lines_per_peer, W):
+    """Pack i of this rank (`words`: its 16 bytes as i32x4) as lines 2i and 2i + 1 of this
+    rank's region of the bank, in every rank's scratch."""
+    first = dsl.pack([words[0], epoch, words[1], flag2], dsl.i32)
+    second = dsl.pack([words[2], epoch, words[3], flag2], dsl.i32)
+    slot = bank_base + rank * lines_per_peer + 2 * i
+    for r in range(W):
+        lines = ll[r].cast(dsl.i32x4)
+        dsl.store(lines + slot, first, "system", "relaxed")
+        dsl.store(lines + (slot + 1), second, "system", "relaxed")
+
+
+def ll_regions(ll, rank, bank_base, lines_per_peer, W):
+    """Rank r's region of this bank in this rank's scratch, for every r: uniform pointers
+    (scalar registers), one offset per line."""
+    mine = ll[rank].cast(dsl.i32x4)
+    return [mine + (bank_base + r * lines_per_peer) for r in range(W)]
+
+
+def ll_half_lines(regions, i, half):
+    """Every rank's line `half` of pack i (half 0 carries elements 0-3, half 1 4-7)."""
+    return [region + (2 * i + half) for region in regions]
+
+
+def ll_first_reads(lines):
+    return [dsl.load(line, "system", "relaxed") for line in lines]
+
+
+def ll_half_sum(lines, first, epoch, tag, limit, me, rank, T):
+    """The lines of a half pack as first read (`first`), waited for (_wait_lines) and summed
+    in rank order (f32)."""
+    P = dsl.vec16(T)
+    got = [v.bitcast(P) for v in _wait_lines(lines, first, epoch, tag, limit, me, rank)]
+    return rank_order_sum([[v.to_f32() for v in (g[0], g[1], g[4], g[5])] for g in got])
 
 
 def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W, tag=0,
@@ -114,20 +142,14 @@ def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, 
     together (`_wait_lines`), so the loads are in flight at once. Each element is summed
     over the ranks in order, so a half at a time gives the same bits; storing each half as
     soon as it is summed keeps one half's lines in registers, not all 2W."""
-    P = dsl.vec16(T)
     half_pack = dsl.ir.VectorType(T, 4)
     if limit is None:
         limit = dsl.spin_limit(me)
-    mine = ll[rank].cast(dsl.i32x4)
-    # rank r's region of this bank: uniform pointers (scalar registers), one offset per line
-    regions = [mine + (bank_base + r * lines_per_peer) for r in range(W)]
+    regions = ll_regions(ll, rank, bank_base, lines_per_peer, W)
     for i in range(global_thread(), n_packs, grid_threads()):
         for half in range(2):
-            lines = [region + (2 * i + half) for region in regions]
-            first = [dsl.load(line, "system", "relaxed") for line in lines]
-            got = [v.bitcast(P) for v in
-                   _wait_lines(lines, first, epoch, tag, limit, me, rank)]
-            sums = rank_order_sum([[v.to_f32() for v in (g[0], g[1], g[4], g[5])] for g in got])
+            lines = ll_half_lines(regions, i, half)
+            sums = ll_half_sum(lines, ll_first_reads(lines), epoch, tag, limit, me, rank, T)
             out.cast(half_pack)[2 * i + half] = dsl.pack_rne(sums, T)
 
 

@@ -17,9 +17,9 @@ import torch
 from .. import layout
 from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN, hidden_rule_error
 from . import dispatch
-from .built import Built, RowKernel, from_registry
+from .built import FUSED_LL_OP, Built, RowKernel, from_registry
 from .callid import CallIdentity, collective_call, local_call
-from .fused_launch import fused_kernel, gather_launch
+from .fused_launch import fused_kernel, fused_ll, fused_ll_launch, gather_launch
 from .norm_result import NormResult  # noqa: F401 (the norm entry points' result type)
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -315,6 +315,14 @@ class Collectives(CallIdentity):
                                           fp8_out, x.is_contiguous(), capacity=self.capacity)
         if path == "local":
             result = self._add_rmsnorm(x, residual, weight, eps, flags, rows, hidden, T)
+        elif path == "ll+rmsnorm" and fused_ll(self, hidden):  # one launch, same bytes
+            bufs = self._norm_outputs(rows, hidden, x.dtype, flags)
+            cx, grid = fused_ll_launch(self, rows, hidden, T)
+            self._launch(FUSED_LL_OP, cx, grid, dict(
+                x=self._dev(x), residual=self._dev(residual), weight=self._dev(weight),
+                sig=self.signal_peers, ll=self.ll_peers, rank=self.rank, rows=rows,
+                lines_per_peer=self.ll_lines_per_peer, eps=eps, flags=flags, **bufs))
+            result = self._norm_result(bufs, rows, hidden, x.dtype, flags)
         elif path in ("unfused", "fallback", "ll+rmsnorm"):
             xc = x.contiguous()
             ar = self._fallback_all_reduce(xc) if path == "fallback" else self.all_reduce(xc)

@@ -1,13 +1,14 @@
 """What a fused all-reduce + RMSNorm launch runs, shared by the plain call
 (collectives.py `_fused`) and the prepared one (prepared_fused.py): the kernel variant, its
-constexprs and grid, and the gather launch after a split two-stage kernel."""
+constexprs and grid, the gather launch after a split two-stage kernel, and the ll+rmsnorm
+path's one launch where it is built."""
 from __future__ import annotations
 
 from typing import Any
 
 from .. import layout
 from . import dispatch
-from .built import ROWS_OP, RowKernel
+from .built import FUSED_LL_OP, ROWS_OP, RowKernel
 
 
 def fused_kernel(comm: Any, path: str, rows: int, hidden: int, T: Any
@@ -48,3 +49,16 @@ def gather_launch(comm: Any, gk: RowKernel, T: Any, fused_args: dict
     names = ("staging", "residual", "weight", "out", "residual_out", "q", "scale", "sig",
              "rank", "rows", "eps", "flags")
     return gk.name, cx, {**{k: fused_args[k] for k in names}, **gk.args}
+
+
+def fused_ll(comm: Any, hidden: int) -> bool:
+    """Whether the ll+rmsnorm path runs as one launch (ops/fused_ar_rms_ll.py, the bytes of
+    the LL all-reduce then add_rmsnorm): where the build has it for H and the world, and
+    runtime-H kernels are not forced (it is specialized only)."""
+    return not comm.force_runtime_h and comm.built.has(FUSED_LL_OP, H=hidden, W=comm.world)
+
+
+def fused_ll_launch(comm: Any, rows: int, hidden: int, T: Any) -> tuple[dict, int]:
+    """(constexprs, grid) of that launch: a block per row, at most the resident grid."""
+    cx = {"T": T, "H": hidden, "W": comm.world, "FP8": comm.fp8_format}
+    return cx, max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))

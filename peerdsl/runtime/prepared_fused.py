@@ -10,9 +10,10 @@ import torch
 
 from ..ops._rows import FLAG_FP8, FLAG_MIRROR
 from . import dispatch
+from .built import FUSED_LL_OP
 from .callid import call_key
 from .collectives import FP8_DTYPES, NormResult
-from .fused_launch import fused_kernel, gather_launch
+from .fused_launch import fused_kernel, fused_ll, fused_ll_launch, gather_launch
 from .prepared import (PreparedCall, agree, bind_entry, check_output, compile_call,
                        describe, finish, in_place_op, plain_each_call, usable)
 
@@ -89,6 +90,13 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
         actions.append(("local", b.launch(norm_name, norm_cx, comm._local_grid(rows),
                                           dict(x=b.tensor("x", x), **norm_args, **vals,
                                                **norm.args), local=True)))
+    elif path == "ll+rmsnorm" and fused_ll(comm, hidden):  # one launch, x read in place here
+        cx, grid = fused_ll_launch(comm, rows, hidden, T)  # only (as the LL kernel): plain tag
+        args = dict(x=b.tensor("x", x), sig=comm.signal_peers, ll=comm.ll_peers,
+                    rank=comm.rank, lines_per_peer=comm.ll_lines_per_peer, **norm_args, **vals)
+        actions.append(("collective", b.launch(FUSED_LL_OP, cx, grid, args),
+                        call_key(ENTRY, call_args, kwargs, FUSED_LL_OP, cx, comm.world),
+                        b.check(FUSED_LL_OP)))
     elif path == "ll+rmsnorm":  # the LL kernel reads x here only: the plain call's tag
         packs = rows * hidden * x.element_size() // 16
         ar = b.scratch(shape, x.dtype)
