@@ -6,7 +6,9 @@
 # layout) and this tree + build_new/; TP4 and TP2, H = 6144, 1-256 rows, vLLM's one-stage
 # kernel in every run as is and with SPEC's orderings at both barriers / the start only / the
 # end only (shim stages 3, 5, 6) and ours (4); then the new LL at 16 and 64 rows (LL cap
-# 1 MiB) against the same run's vLLM, with the fused paths forced (ll+rmsnorm among them). (2) The runtime proof on the new kernels.
+# 1 MiB) against the same run's vLLM, with the fused paths forced (ll+rmsnorm among them: now one
+# launch, ops/fused_ar_rms_ll.py). (2) The runtime proof on the new kernels, with the LL and the
+# fused entry's LL range raised to 1 MiB so that the small shapes take them.
 # (3) Host cost of eager calls (item 3), TP4 under MPS and TP1 without, after an idle GPU with
 # the thread asleep and spinning. (4) The fused one-stage rows kernel at H = 2880, V = 4 / 2.
 # (5) The fault suite.
