@@ -25,6 +25,18 @@ def test_a_rank_that_skips_a_call(case, tp, steps):
     assert all(s[-1] == "CommunicatorBroken" for s in st)
 
 
+def test_a_rank_that_skips_a_fused_ll_call():
+    """The ll+rmsnorm path in one launch (sm_90's fused_ar_rms_ll): its LL lines carry the
+    call's tag as the LL all-reduce's do."""
+    steps = [Step("fused", rows, path="ll+rmsnorm") for rows in (4, 6, 5, 4)]
+    res = run_case("skip a call (fused LL, sm_90, TP2)", 2, steps, {(1, 1): SKIP},
+                   target="sm_90", ll_max_bytes=1 << 16)
+    st = statuses(res)
+    assert all(s[0] == "exact" for s in st)
+    assert first_errors(res) == ["CollectiveMismatch"] * 2, st
+    assert all(s[-1] == "CommunicatorBroken" for s in st)
+
+
 @pytest.mark.parametrize("case,steps", [("ll", [Step("ar", 1024)] * 4),
                                         ("fused_1stage", [Step("fused", 4)] * 4)])
 def test_a_call_that_failed_its_checks_on_one_rank(case, steps):
