@@ -32,10 +32,10 @@ step "host tp4" 110 env PYTHONPATH=. python3 benchmarks/host_cost_gpu.py --build
 tail -14 $W/host_tp4.log
 step "host tp1" 60 env PYTHONPATH=. python3 benchmarks/host_cost_gpu.py --build build_new --tp 1 --json $W/host_tp1.json > $W/host_tp1.log 2>&1
 tail -14 $W/host_tp1.log
+step "faults" 100 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_new --tp 2 4 --faults-only --json $W/faults.json > $W/faults.log 2>&1
+tail -4 $W/faults.log | cut -c1-200
 for v in 4 2; do
   step "rows V=$v" 45 env PEERDSL_FUSED_1STAGE_ROWS=$v BENCH_ROWS="64 128 256" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 --hidden 2880 --vllm-header peers_src --json $W/rows_v$v.json > $W/rows_v$v.log 2>&1
   python3 scripts/fused_pairs_line.py $W/rows_v$v.json
 done
-step "faults" 100 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_new --tp 2 4 --faults-only --json $W/faults.json > $W/faults.log 2>&1
-tail -4 $W/faults.log | cut -c1-200
 true
