@@ -61,8 +61,10 @@ def _wait_lines(lines, vs, epoch, tag, limit, me, rank):
     last peer's line lands, not one per peer that was late on the first read. A
     line of this epoch with another tag, seen MISMATCH_POLLS polls in a row, ends the wait as
     a mismatch (or an abort, when the peer's tag carries TAG_ABORT); the spin also stops once
-    any wait of this rank has failed. The first line not accepted, in rank order, writes the
-    record. Returns the lines (garbage unless accepted: the record says so)."""
+    any wait of this rank has failed. The record names the first line, in rank order, of
+    another call if there is one (the evidence of a mismatch or an abort: a peer that is
+    merely late beside it is not the cause), else the first line not accepted (a timeout).
+    Returns the lines (garbage unless accepted: the record says so)."""
     want = epoch ^ tag
     if not _all([_accepted(v, epoch, want) for v in vs]):
         err = me + layout.SIG_ERROR
@@ -76,15 +78,32 @@ def _wait_lines(lines, vs, epoch, tag, limit, me, rank):
             odd = [dsl.select((v[1] == epoch) & (v[3] != want), o + 1, 0)
                    for v, o in zip(vs, odd)]
             n = n + 1
-        for peer, v in enumerate(vs):
-            if not _accepted(v, epoch, want):
-                peer_tag = v[3] ^ epoch
-                cause = dsl.select(v[1] != epoch, layout.CAUSE_TIMEOUT,
-                                   dsl.select((peer_tag ^ tag) == layout.TAG_ABORT,
-                                              layout.CAUSE_ABORTED, layout.CAUSE_MISMATCH))
-                dsl.record_error(me, rank, layout.WAIT_LL, epoch, v[1], cause, peer, tag,
-                                 peer_tag)
+        _record_first_failed_line(vs, epoch, want, tag, me, rank)
     return vs
+
+
+def _record_first_failed_line(vs, epoch, want, tag, me, rank):
+    """Write the record for the line that explains the failed wait (see _wait_lines)."""
+    late, other = -1, -1          # the first line not there yet / of another call
+    late_seen, late_flag, other_flag = 0, 0, 0
+    for peer in reversed(range(len(vs))):   # selects in reverse: the lowest rank wins
+        v = vs[peer]
+        is_other = (v[1] == epoch) & (v[3] != want)
+        is_late = v[1] != epoch
+        other = dsl.select(is_other, peer, other)
+        other_flag = dsl.select(is_other, v[3], other_flag)
+        late = dsl.select(is_late, peer, late)
+        late_seen = dsl.select(is_late, v[1], late_seen)
+        late_flag = dsl.select(is_late, v[3], late_flag)
+    if other >= 0:
+        peer_tag = other_flag ^ epoch
+        dsl.record_error(me, rank, layout.WAIT_LL, epoch, epoch,
+                         dsl.select((peer_tag ^ tag) == layout.TAG_ABORT,
+                                    layout.CAUSE_ABORTED, layout.CAUSE_MISMATCH),
+                         other, tag, peer_tag)
+    if (other < 0) & (late >= 0):
+        dsl.record_error(me, rank, layout.WAIT_LL, epoch, late_seen, layout.CAUSE_TIMEOUT,
+                         late, tag, late_flag ^ epoch)
 
 
 def ll_push(x, ll, rank, epoch, bank_base, n_packs, lines_per_peer, W, tag=0):

@@ -54,3 +54,17 @@ def test_a_check_that_fails_on_every_rank_breaks_nothing():
     res = run_case("input check failed on every rank", 2, [Step("ar", 1024)] * 3,
                    {(0, 1): BAD, (1, 1): BAD})
     assert statuses(res) == [["exact", "bad input", "exact"]] * 2
+
+
+def test_a_skip_is_named_a_mismatch_while_another_peer_is_still_late():
+    """TP4 LL, rank 3 skips a call while rank 1 comes late (well within the spin limit): a
+    rank that sees rank 3's other tag before rank 1's line has landed must name the mismatch
+    (the evidence), not a timeout on rank 1 (which was merely late)."""
+    def before(comm, i):
+        comm.delay = 1500 if (comm.rank, i) == (1, 1) else 0
+    res = run_case("skip a call while a peer is late (ll, TP4)", 4, LL, {(3, 1): SKIP},
+                   before=before)
+    st = statuses(res)
+    assert all(s[0] == "exact" for s in st)
+    assert all(f in ("CollectiveMismatch", "CollectiveAborted") for f in first_errors(res)), st
+    assert "CollectiveMismatch" in first_errors(res), st
