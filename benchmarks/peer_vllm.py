@@ -136,9 +136,10 @@ def peer_timings(torch, time_us, ar: VllmAllReduce, comm, tri, x, res, w, dev, s
                                                  ours.view(torch.int16)))}
     # BENCH_VLLM_SPEC=1: also vLLM's one-stage kernel with SPEC section 3's barriers (3) and
     # with ours (4: plus the bounded polls that check the error word), and with SPEC's at
-    # the start only (5) or the end only (6), the shim says how; each checked for the
+    # the start only (5) or the end only (6), and SPEC's with the end arrival right after the
+    # last peer loads (7), the shim says how; each checked for the
     # one-stage kernel's bytes first
-    stages = (1, 2, 3, 4, 5, 6) if os.environ.get("BENCH_VLLM_SPEC") == "1" else (1, 2)
+    stages = (1, 2, 3, 4, 5, 6, 7) if os.environ.get("BENCH_VLLM_SPEC") == "1" else (1, 2)
     for stage in stages[2:]:
         alt = torch.empty_like(out)
         sync()

@@ -10,8 +10,8 @@ for tp in ("tp4", "tp2"):
     s = d.get(tp, {})
     print(tp, "null %.1f" % s.get("null_us", 0))
     for k, r in s.get("rows", {}).items():
-        stages = " ".join("s%d %.1f" % (n, r["vllm_ar%d_us" % n]) for n in (1, 3, 5, 6, 4)
+        stages = " ".join("s%d %.1f" % (n, r["vllm_ar%d_us" % n]) for n in (1, 3, 5, 6, 4, 7)
                           if "vllm_ar%d_us" % n in r)
-        equal = all(r.get("vllm_ar%d_equal" % n, True) for n in (3, 4, 5, 6))
+        equal = all(r.get("vllm_ar%d_equal" % n, True) for n in (3, 4, 5, 6, 7))
         print("  %s: ours %.1f (%s) | vllm %s | equal %s" % (
             k.split(":")[1], r["ar_us"], r["ar_path"], stages, equal))

@@ -29,7 +29,7 @@ constexpr int kBadSize = -4;
 //         end arrival a release store, acquire polls (vLLM: volatile both, no fence).
 //   OURS: SPEC plus what our Signal adds around it: polls bounded by a spin limit that also
 //         load the rank's error word (relaxed, issued before each acquire).
-// Stage 3 launches SPEC, stage 4 OURS; 5 and 6 take SPEC's orderings at one barrier only
+// Stage 3 launches SPEC, stage 4 OURS, 7 SPEC with the end arrival early (below); 5 and 6 take SPEC's orderings at one barrier only
 // (5: the start, 6: the end; the other as vLLM's), to say which barrier costs what.
 // (The compare is wrap-safe everywhere.)
 __device__ unsigned g_error_word = 0;
@@ -89,11 +89,65 @@ __global__ void __launch_bounds__(512, 1)
   spec_barrier<ngpus, false, ours, end_fenced>(sg, self_sg, rank, limit);
 }
 
+// Stage 7: SPEC's orderings at both barriers, but the end arrival (the release) right after
+// the last round's peer loads and before its stores: the release must order this rank's reads
+// of the peers' inputs before the arrival, not its own output stores, so the fence no longer
+// waits for the output writes to drain (is that what SPEC's end barrier costs, issue 15
+// item 1?). The wait stays after the stores.
+template <int ngpus>
+__device__ __forceinline__ unsigned spec_end_arrive(const vllm::RankSignals& sg,
+                                                    vllm::Signal* self_sg, int rank) {
+  __syncthreads();  // every thread's peer loads have returned (their values are in registers)
+  unsigned val = 0;
+  if (threadIdx.x < ngpus) {
+    val = self_sg->self_counter[blockIdx.x][threadIdx.x] += 1;
+    auto* peer_slot = &sg.signals[threadIdx.x]->peer_counter[val % 2][blockIdx.x][rank];
+    asm volatile("st.release.sys.global.u32 [%1], %0;" ::"r"(val), "l"(peer_slot));
+  }
+  return val;
+}
+
+template <int ngpus>
+__device__ __forceinline__ void spec_end_wait(vllm::Signal* self_sg, unsigned val) {
+  if (threadIdx.x < ngpus) {
+    auto* self_slot = &self_sg->peer_counter[val % 2][blockIdx.x][threadIdx.x];
+    unsigned seen;
+    poll<true>(seen, self_slot);
+    while (static_cast<int>(seen - val) < 0) poll<true>(seen, self_slot);
+  }
+  __syncthreads();
+}
+
+template <typename T, int ngpus>
+__global__ void __launch_bounds__(512, 1)
+    spec_reduce_1stage_early_end(vllm::RankData* _dp, vllm::RankSignals sg,
+                                 vllm::Signal* self_sg, T* __restrict__ result, int rank,
+                                 int size) {
+  using P = typename vllm::packed_t<T>::P;
+  using A = typename vllm::packed_t<T>::A;
+  auto dp = *_dp;
+  spec_barrier<ngpus, true, false, true>(sg, self_sg, rank, 0);
+  const int stride = gridDim.x * blockDim.x;
+  const int last = ((size - 1) / stride) * stride;  // the last round's first index
+  int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  for (; idx < last; idx += stride)
+    ((P*)result)[idx] = vllm::packed_reduce<P, ngpus, A>((const P**)&dp.ptrs[0], idx);
+  idx = last + blockIdx.x * blockDim.x + threadIdx.x;
+  P v;
+  if (idx < size) v = vllm::packed_reduce<P, ngpus, A>((const P**)&dp.ptrs[0], idx);
+  const unsigned val = spec_end_arrive<ngpus>(sg, self_sg, rank);
+  if (idx < size) ((P*)result)[idx] = v;
+  spec_end_wait<ngpus>(self_sg, val);
+}
+
 template <int W>
 void launch(vllm::CustomAllreduce* ar, vllm::RankData* ptrs, nv_bfloat16* out, int packs,
             int stage, int blocks, int threads, cudaStream_t stream) {
   if (stage == 1) {
     vllm::cross_device_reduce_1stage<nv_bfloat16, W>
+        <<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
+  } else if (stage == 7) {
+    spec_reduce_1stage_early_end<nv_bfloat16, W>
         <<<blocks, threads, 0, stream>>>(ptrs, ar->sg_, ar->self_sg_, out, ar->rank_, packs);
   } else if (stage >= 3) {
     auto kernel = stage == 3   ? spec_reduce_1stage<nv_bfloat16, W, false, true, true>
@@ -159,7 +213,7 @@ int vllm_ar_bf16(void* ar_handle, void* input, void* output, long numel, int sta
   auto it = ar->buffers_.find(input);
   if (it == ar->buffers_.end()) return kNotRegistered;
   if (numel % 8 != 0 || block_limit < 1 || block_limit > vllm::kMaxBlocks) return kBadSize;
-  if (stage < 0 || stage > 6) return kBadSize;
+  if (stage < 0 || stage > 7) return kBadSize;
   const int packs = static_cast<int>(numel / 8);
   const long bytes = numel * 2;
   const int world = ar->world_size_;
