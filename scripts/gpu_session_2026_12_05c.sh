@@ -6,7 +6,8 @@
 # the last round's peer loads, before its output stores (s7): if the release's fence pays for
 # draining the output writes, s7 runs near s1. In the same runs ours with the one-stage path
 # forced (no LL, no two-stage), A/B twice interleaved: build_new (end barrier after the stores)
-# and build_k (Signal.end_arrive before the last round's stores). TP4 and TP2, H = 6144,
+# and build_k (Signal.end_arrive before the last round's stores; in the fused one-stage
+# kernel before the last row's norm and stores: the fused column). TP4 and TP2, H = 6144,
 # 1-256 rows. (2) The fault suite and the runtime proof on build_k (the end protocol changed).
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/k1; mkdir -p $W
