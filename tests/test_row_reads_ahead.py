@@ -35,11 +35,8 @@ def test_each_target_builds_one_r(arch, want):
                                      ("fused_ar_rms_1stage_runtime_h", {"MAXH": 8192}),
                                      ("fused_ar_rms_2stage", {"H": 6144})])
 @pytest.mark.parametrize("flags", [0, 2 | 4])  # plain; FP8 with the T mirror
-@pytest.mark.parametrize("rows", [3, 1])  # 3 on 2 blocks: a looped row and a last one each
-def test_every_r_gives_the_same_bytes(op, size, flags, rows):
-    # (a one-stage block's last row has its end arrival between its reads and its stores
-    # where R reads the whole row: R = 0, or 4 at these H; R = 1 keeps the whole barrier)
-    world = 2
+def test_every_r_gives_the_same_bytes(op, size, flags):
+    rows, world = 3, 2
     hidden = size.get("H", 5120)
 
     def body(comm):

@@ -261,22 +261,3 @@ def test_fma_single_rounding_where_double_rounding_differs():
     hard = np.array([1 + 2**-23], np.float32), np.array([1 - 2**-24], np.float32)
     q = Fraction(float(hard[0][0])) * Fraction(float(hard[1][0])) + Fraction(2**-60)
     assert fma_f32(hard[0], hard[1], np.array([2**-60], np.float32))[0] == _round_f32(q)
-
-
-@dsl.kernel(block_size=64)
-def k_guarded(x: dsl.Ptr[dsl.f32], o: dsl.Ptr[dsl.f32], oi: dsl.Ptr[dsl.i32], n: dsl.i32):
-    t = dsl.thread_id()
-    # x has n elements: a load past them would fault, so it must not be issued
-    v, w = dsl.guarded(t < n, lambda: [x[t] * 2.0, x[t].to_i32() + 1])
-    never = dsl.guarded(False, lambda: x[t + n] + 1.0)
-    o[t] = v + never
-    oi[t] = w
-
-
-def test_guarded_loads_only_where_the_condition_holds_and_gives_typed_zeros_elsewhere():
-    n = 37
-    x = torch.arange(n, dtype=torch.float32) + 0.5
-    got = run1(k_guarded.trace(), {"n": n}, {"x": x},
-               {"o": ((64,), torch.float32), "oi": ((64,), torch.int32)})
-    assert got["o"].tolist() == [2 * (t + 0.5) if t < n else 0.0 for t in range(64)]
-    assert got["oi"].tolist() == [t + 1 if t < n else 0 for t in range(64)]

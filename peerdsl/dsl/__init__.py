@@ -11,7 +11,6 @@ from .lib import (FP8_MAX, block_max, block_reduce, block_sum, group_reduce, pac
 from .memory import (atomic, atomic_add, atomic_cas, atomic_max, atomic_xchg, barrier, fence,
                      load, shared_barrier, store)
 from .signal import Signal, record_error, spin_limit, spin_until_ge, staged_ok, wge, wlt
-from .control import guarded
 from .transform import plain
 from .values import Pointer, Scalar, Vector, as_scalar, pack
 

@@ -135,42 +135,6 @@ def if_(cond: Any, then_fn: Callable, else_fn: Callable, names: Sequence[str],
     return tuple(results)
 
 
-def guarded(cond: Any, fn: Callable[[], Any]) -> Any:
-    """What `fn()` traces where `cond` holds, zeros of the same types where it does not; fn's
-    loads are issued only under cond. For a value a kernel needs outside the `if` (e.g. a
-    peer's pack past the end of what the peer staged must not be read, but the code after
-    the read runs at the kernel's top level: a Signal barrier sits between them)."""
-    shape: list = []
-
-    def then_fn(_value):
-        out = fn()
-        shape.append(out)
-        return (out,)
-
-    def else_fn(_value):
-        leaves: list = []
-        spec = _flatten(shape[0], leaves)
-        return (_unflatten(spec, [_zero_like(x) for x in leaves]),)
-
-    if not isinstance(cond, Traced):
-        if cond:
-            return fn()
-        with in_block(ir.Block()):  # traced only for its types, never emitted
-            then_fn(None)
-        return else_fn(None)[0]
-    return if_(cond, then_fn, else_fn, ["value"], (Undef("value"),))[0]
-
-
-def _zero_like(x: Any) -> Any:
-    t = x.type if isinstance(x, Traced) else None
-    if isinstance(t, ir.VectorType):
-        zero = as_scalar(0.0 if t.elem.is_float else 0, t.elem)
-        return wrap(emit("vec_build", [zero.v] * t.count, [t]).result)
-    if t is None:
-        return type(x)(0)
-    return as_scalar(0.0 if t.is_float else 0, t)
-
-
 def _as_bool(c: Traced) -> Scalar:
     if not isinstance(c, Scalar) or c.type.is_float:
         raise TraceError(f"{user_location()}: condition must be an integer or i1, got {c.type}")

@@ -156,7 +156,6 @@ class Signal:
         self._sticky = load(self.self_sig + layout.SIG_ERROR)
         self._limit = load(self.self_sig + layout.SIG_SPIN_LIMIT)
         self._used = 0
-        self._arrived: int | None = None  # end_arrive()'s barrier, until end() waits
         self.finished = False
         st = state()
         # per barrier (double-buffered by its parity), whether each waiting thread's wait and
@@ -180,38 +179,25 @@ class Signal:
                 ok = ok & (flag != 0)
         return ok
 
-    def _check_level(self) -> None:
+    def _barrier(self, what: int, order: str = "release") -> None:
         if len(state().blocks) != self._depth or self.finished:
             raise TraceError(
                 f"{user_location()}: Signal barriers must run at the level the Signal was made, "
                 "before end()/finish(), never inside a traced if/for/while: each barrier takes "
                 "the next epoch, counted when the kernel is traced")
-        if self._arrived is not None:
-            raise TraceError(f"{user_location()}: Signal.end_arrive() must be followed by end() "
-                             "with no other barrier between them")
-
-    def _arrive(self, k: int, order: str, ok_before: Scalar) -> None:
-        """Threads t < world: this block's arrival at barrier k in peer t's slot (`ok_before`:
-        `_ok_after(k - 1)`)."""
-        tag = select(ok_before, self.tag, self.tag | layout.TAG_ABORT)
-        word = (tag.zext(ir.i64) << 32) | (self._base + k).zext(ir.i64)
-        store(self._slot(self.peers[thread_id()], self.rank), word, "system", order)
-
-    def _wait(self, k: int, what: int, ok_before: Scalar) -> None:
-        """Threads t < world: wait for peer t's arrival at barrier k, record the verdict."""
-        t = thread_id()
-        ok = _wait_slot(self._slot(self.self_sig, t), self._base + k, self.tag,
-                        select(ok_before, self._limit, 0), self.self_sig, self.rank, t, what)
-        store(self._oks + ((k & 1) * layout.MAX_RANKS) + t, (ok_before & ok).zext(ir.i32))
-
-    def _barrier(self, what: int, order: str = "release") -> None:
-        self._check_level()
         self._used += 1
         k = self._used
-        if thread_id() < self.world:
+        epoch = self._base + k
+        t = thread_id()
+        if t < self.world:
             ok_before = self._ok_after(k - 1)
-            self._arrive(k, order, ok_before)
-            self._wait(k, what, ok_before)
+            tag = select(ok_before, self.tag, self.tag | layout.TAG_ABORT)
+            word = (tag.zext(ir.i64) << 32) | epoch.zext(ir.i64)
+            store(self._slot(self.peers[t], self.rank), word, "system", order)
+            ok = _wait_slot(self._slot(self.self_sig, t), epoch, self.tag,
+                            select(ok_before, self._limit, 0), self.self_sig, self.rank, t,
+                            what)
+            store(self._oks + ((k & 1) * layout.MAX_RANKS) + t, (ok_before & ok).zext(ir.i32))
         barrier()
 
     def start(self) -> None:
@@ -234,32 +220,10 @@ class Signal:
 
     def end(self) -> None:
         """Every rank's block is done reading: peers may overwrite what was read.
-        Also advances this block's epoch in device memory, so call it last. After
-        `end_arrive()` it only waits."""
-        if self._arrived is None:
-            barrier()
-            self._barrier(layout.WAIT_END)
-        else:
-            k, self._arrived = self._arrived, None
-            if len(state().blocks) != self._depth:
-                raise TraceError(f"{user_location()}: Signal.end() inside a traced if/for/while")
-            if thread_id() < self.world:
-                self._wait(k, layout.WAIT_END, self._ok_after(k - 1))
-            barrier()
-        self.finish()
-
-    def end_arrive(self) -> None:
-        """The end barrier's arrival alone, once this block's last reads of peers' memory have
-        returned; `end()` then waits. The release orders those reads before the arrival, and
-        the fence it takes waits for every store the block has in flight: arriving before the
-        block's last stores (the kernel's own output, which no peer reads) keeps them out of
-        that wait, and the arrival's round trip overlaps them (issue 15 item 1)."""
-        self._check_level()
+        Also advances this block's epoch in device memory, so call it last."""
         barrier()
-        self._used += 1
-        self._arrived = self._used
-        if thread_id() < self.world:
-            self._arrive(self._used, "release", self._ok_after(self._used - 1))
+        self._barrier(layout.WAIT_END)
+        self.finish()
 
     def bound(self, n: Any) -> Any:
         """`n` when every barrier of this block so far succeeded, else 0. Loops that read
@@ -267,9 +231,6 @@ class Signal:
         here, so a block whose wait failed touches nothing a peer did not stage for it."""
         if self._used == 0:
             raise TraceError(f"{user_location()}: Signal.bound() before the first barrier")
-        if self._arrived is not None:
-            raise TraceError(f"{user_location()}: Signal.bound() between end_arrive() and end(): "
-                             "take the bound before the end arrival")
         return select(self._ok_after(self._used), n, 0)
 
     def finish(self) -> None:
@@ -277,9 +238,6 @@ class Signal:
         kernel that needs no end barrier; `end` does this itself)."""
         if len(state().blocks) != self._depth:
             raise TraceError(f"{user_location()}: Signal.finish() inside a traced if/for/while")
-        if self._arrived is not None:
-            raise TraceError(f"{user_location()}: Signal.end_arrive() without end(): peers "
-                             "would be told this block is done while it never waits for them")
         if thread_id() == 0:
             store(self._epoch_ptr, self._base + self._used)
         self.finished = True

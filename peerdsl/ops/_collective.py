@@ -43,8 +43,7 @@ def store_sum(dst: Any, i: Any, packs: list, T: Any) -> None:
 
 
 def unrolled_grid_stride(n: Any, U: int, load: Callable[[Any], Any],
-                         store: Callable[[Any, Any], None],
-                         before_last_stores: Callable[[], None] | None = None) -> None:
+                         store: Callable[[Any, Any], None]) -> None:
     """Visit every index j in [0, n) once: `store(j, load(j))`, grid-strided, U indices per
     thread per iteration, with the loads of all U issued before the first store.
 
@@ -56,14 +55,7 @@ def unrolled_grid_stride(n: Any, U: int, load: Callable[[Any], Any],
     kernel's per-block phase barrier relies on it). Index u past n reloads index i (this
     thread's own, already in range: nothing another block wrote) and skips its store, so
     the bytes stored are those of the plain loop.
-
-    `before_last_stores` (e.g. `Signal.end_arrive`) runs at the kernel's top level between the
-    loads and the stores of the last grid round, every earlier round (where all U indices of
-    every thread are in range) being looped as above: its loads are issued only where the index
-    is in range (`dsl.guarded`), so a block whose bound is 0 reads nothing.
     """
-    if before_last_stores is not None:
-        return _grid_stride_split_last(n, U, load, store, before_last_stores)
     stride = grid_threads()
     for i in range(global_thread(), n, stride * U):
         idx = [i + u * stride for u in range(U)]
@@ -73,28 +65,6 @@ def unrolled_grid_stride(n: Any, U: int, load: Callable[[Any], Any],
         for u in range(1, U):
             if valid[u]:
                 store(idx[u], values[u])
-
-
-def _grid_stride_split_last(n: Any, U: int, load: Callable[[Any], Any],
-                            store: Callable[[Any, Any], None],
-                            between: Callable[[], None]) -> None:
-    stride = grid_threads()
-    step = stride * U
-    last = dsl.maximum(n - 1, 0) // step * step  # the last round's first index (0 when n is 0)
-    for i in range(global_thread(), last, step):  # full rounds: every index in range
-        values = [load(i + u * stride) for u in range(U)]
-        for u in range(U):
-            store(i + u * stride, values[u])
-    i = last + global_thread()
-    idx = [i] + [i + u * stride for u in range(1, U)]
-    # one guarded region for all U, so their loads are in flight together; an index past n
-    # reloads index i, as in the plain loop
-    values = dsl.guarded(i < n, lambda: [load(i)] + [load(dsl.select(j < n, j, i))
-                                                     for j in idx[1:]])
-    between()
-    for u in range(U):
-        if idx[u] < n:
-            store(idx[u], values[u])
 
 
 def ar_variants(target: Any) -> list[dict[str, Any]]:

@@ -322,22 +322,12 @@ def residual_norm_rows(ar_pack: Callable[[Any, int], list], rows: list, valid: l
 def residual_norm_block_rows(ar_pack: Callable[[Any, int], list], n: Any, V: int, H: Hidden,
                              T: Any, residual: Any, residual_out: Any, weight: Any, eps: Any,
                              flags: Any, out: Any, q: Any, scale: Any, fmt: str,
-                             ahead: int = 1,
-                             before_last_stores: Callable[[], None] | None = None) -> None:
+                             ahead: int = 1) -> None:
     """This block's rows b, b + G, ... < n (G blocks) through residual_norm_row (`ahead` as
     there), or for a constexpr V > 1 V rows per iteration through residual_norm_rows, all
     their packs read before the first store. `ar_pack(row, k)` reads a row's k-th
     all-reduced pack. Rows past the end reread the iteration's first row (in range) and
-    store nothing, so the bytes stored are those of V = 1.
-
-    `before_last_stores` (Signal.end_arrive) runs at the kernel's top level between the reads
-    and the stores of the block's last row, where V = 1 and `ahead` reads the whole row
-    anyway (else it is ignored and the caller's end() does the whole barrier)."""
-    whole_row = ahead == 0 or ahead >= row_geometry(H)[1]
-    if V == 1 and before_last_stores is not None and whole_row:
-        _block_rows_split_last(ar_pack, n, H, T, residual, residual_out, weight, eps, flags,
-                               out, q, scale, fmt, ahead, before_last_stores)
-        return
+    store nothing, so the bytes stored are those of V = 1."""
     if V == 1:
         for row in range(dsl.block_id(), n, dsl.num_blocks()):
             # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
@@ -351,27 +341,6 @@ def residual_norm_block_rows(ar_pack: Callable[[Any, int], list], n: Any, V: int
         valid = [True] + [row + v * stride < n for v in range(1, V)]
         residual_norm_rows(ar_pack, block_rows, valid, H, T, residual, residual_out, weight,
                            eps, flags, out, q, scale, fmt)
-
-
-def _block_rows_split_last(ar_pack: Callable[[Any, int], list], n: Any, H: Hidden, T: Any,
-                           residual: Any, residual_out: Any, weight: Any, eps: Any, flags: Any,
-                           out: Any, q: Any, scale: Any, fmt: str, ahead: int,
-                           between: Callable[[], None]) -> None:
-    b, G = dsl.block_id(), dsl.num_blocks()
-    last = b + dsl.maximum(n - 1 - b, 0) // G * G  # this block's last row (b when it has none)
-    for row in range(b, last, G):
-        residual_norm_row(lambda k: ar_pack(row, k), row, H, T, residual, residual_out,
-                          weight, eps, flags, out, q, scale, fmt, ahead)
-    res = base_packs(residual, T)
-    # block-uniform: the norm's block barriers below are reached by every thread or none
-    has_row = b < n
-    s = dsl.guarded(has_row, lambda: [_added_pack(lambda k: ar_pack(last, k), res, last, H, k)
-                                      for k in range(row_geometry(H)[1])])
-    between()
-    if has_row:
-        for k in range(len(s)):
-            _store_pack(residual_out, last, H, T, k, s[k])
-        rmsnorm_epilogue(s, last, H, T, weight, eps, flags, out, q, scale, fmt, ahead)
 
 
 def row_pack_reader(base: Any, row: Any, H: Hidden, T: Any) -> Callable[[int], list]:

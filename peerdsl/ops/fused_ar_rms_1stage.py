@@ -3,8 +3,7 @@
 Between a start and an end barrier, block b takes rows b, b + G, ...; each thread reads its
 packs of the row directly from every rank's registered input, sums them in rank order,
 rounds to T (the all-reduce result the unfused path would hold), then runs the same epilogue
-as the add + RMSNorm kernel with the same thread mapping, so the bytes are identical. Where a
-block reads its whole row at once, its end arrival goes out after its last row's reads.
+as the add + RMSNorm kernel with the same thread mapping, so the bytes are identical.
 
 `fused_ar_rms_1stage` is specialized for a constexpr H; `fused_ar_rms_1stage_runtime_h`
 takes `hidden` at run time up to its constexpr bound MAXH (the same body and bytes).
@@ -35,13 +34,9 @@ def reduced_pack(inp, row, H, T, W, k):
 def one_stage(signal, inp, residual, weight, out, residual_out, q, scale, rows, eps, flags,
               T, H, W, FP8, R=1, V=1):
     signal.start()
-    # The end arrival goes out after the block's last peer reads, before its norm and stores
-    # (Signal.end_arrive), except at W = 8, where the runtime-H kernel then spilled on sm_90
-    # (12 bytes at MAXH 8192) and the one lent GPU cannot time eight ranks.
-    early = signal.end_arrive if W < 8 else None
     residual_norm_block_rows(lambda r, k: reduced_pack(inp, r, H, T, W, k), signal.bound(rows),
                              V, H, T, residual, residual_out, weight, eps, flags, out, q, scale,
-                             FP8, R, before_last_stores=early)
+                             FP8, R)
     signal.end()
 
 
