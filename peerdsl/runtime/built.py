@@ -31,7 +31,8 @@ ROWS_OP = "fused_ar_rms_1stage_rows"
 # the ll+rmsnorm path in one launch (runtime/fused_launch.py `fused_ll`), where it is built
 FUSED_LL_OP = "fused_ar_rms_ll"
 # the kernels behind the collective methods of runtime/collectives.py (W constexpr)
-COLLECTIVE_OPS = ("allreduce_ll", "allreduce_1stage", "allreduce_2stage", "allgather",
+COLLECTIVE_OPS = ("allreduce_ll", "allreduce_staged", "allreduce_1stage", "allreduce_2stage",
+                  "allgather",
                   "null_collective", "fused_ar_rms_1stage", "fused_ar_rms_2stage",
                   "fused_ar_rms_1stage_runtime_h", "fused_ar_rms_2stage_runtime_h")
 # the kernels an entry point may launch for a hidden size H (every path it can take)

@@ -121,6 +121,14 @@ class Collectives(CallIdentity):
         return [b + self.meta_layout.staging_offset for b in self.meta_bases]
 
     @functools.cached_property
+    def halves_peers(self) -> list[int]:
+        return [b + self.meta_layout.halves_offset for b in self.meta_bases]
+
+    @functools.cached_property
+    def half_packs(self) -> int:
+        return self.meta_layout.staged_half_bytes // 16
+
+    @functools.cached_property
     def ll_lines_per_peer(self) -> int:
         return layout.ll_packets(self.meta_layout.ll_max_bytes)
 
@@ -128,7 +136,8 @@ class Collectives(CallIdentity):
     def capacity(self) -> dict[str, int]:
         """What this communicator allocated: dispatch never plans past it."""
         cap = {"ll_max_bytes": self.meta_layout.ll_max_bytes,
-               "staging_bytes": self.meta_layout.staging_bytes}
+               "staging_bytes": self.meta_layout.staging_bytes,
+               "staged_max_bytes": self.meta_layout.staged_half_bytes}
         if self.pool_bytes is not None:
             cap["custom_ar_max_bytes"] = self.pool_bytes
         return cap
@@ -158,6 +167,13 @@ class Collectives(CallIdentity):
             self._launch("allreduce_ll", {"T": T, "W": self.world}, grid, {
                 "x": self._dev(x), "out": out, "sig": self.signal_peers, "ll": self.ll_peers,
                 "rank": self.rank, "n_packs": packs, "lines_per_peer": self.ll_lines_per_peer})
+        elif path == "staged":  # the input read in place, no registered pool
+            cx, per_block = dispatch.ar_kernel(self.arch, path, self.world, packs, self.max_grid)
+            self._launch("allreduce_staged", {"T": T, "W": self.world, **cx},
+                         self._grid(packs, per_block), {
+                             "x": self._dev(x), "halves": self.halves_peers, "out": out,
+                             "sig": self.signal_peers, "rank": self.rank, "n_packs": packs,
+                             "half_packs": self.half_packs})
         elif path == "1stage":
             cx, per_block = dispatch.ar_kernel(self.arch, path, self.world, packs, self.max_grid)
             self._launch("allreduce_1stage", {"T": T, "W": self.world, **cx},
