@@ -17,7 +17,7 @@ import torch
 from .. import layout
 from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN, hidden_rule_error
 from . import dispatch
-from .built import FUSED_LL_OP, Built, RowKernel, from_registry
+from .built import FUSED_LL_OP, FUSED_STAGED_OP, Built, RowKernel, from_registry
 from .callid import CallIdentity, collective_call, local_call
 from .fused_launch import fused_kernel, fused_ll, fused_ll_launch, gather_launch
 from .norm_result import NormResult  # noqa: F401 (the norm entry points' result type)
@@ -137,7 +137,8 @@ class Collectives(CallIdentity):
         """What this communicator allocated: dispatch never plans past it."""
         cap = {"ll_max_bytes": self.meta_layout.ll_max_bytes,
                "staging_bytes": self.meta_layout.staging_bytes,
-               "staged_max_bytes": self.meta_layout.staged_half_bytes}
+               "staged_max_bytes": self.meta_layout.staged_half_bytes,
+               "fused_staged_max_bytes": self.meta_layout.staged_half_bytes}
         if self.pool_bytes is not None:
             cap["custom_ar_max_bytes"] = self.pool_bytes
         return cap
@@ -360,9 +361,12 @@ class Collectives(CallIdentity):
         # S = 1: stage 1 alone, then the gather launch; its variant too before any launch
         gather_kernel = (self._row_kernel("fused_ar_rms_gather", hidden)
                          if constexprs.get("S") else None)
-        args = dict(inp=self._stage(x), residual=residual_dev, weight=weight_dev,
-                    sig=self.signal_peers, rank=self.rank, rows=rows, eps=eps,
-                    flags=kflags, **bufs, **rk.args)
+        args = dict(residual=residual_dev, weight=weight_dev, sig=self.signal_peers,
+                    rank=self.rank, rows=rows, eps=eps, flags=kflags, **bufs, **rk.args)
+        if name == FUSED_STAGED_OP:  # the input read in place, no registered pool
+            args.update(x=self._dev(x), halves=self.halves_peers, half_packs=self.half_packs)
+        else:
+            args["inp"] = self._stage(x)
         if path == "fused_2stage":
             args["staging"] = self.staging_peers
         self._launch(name, constexprs, grid, args)

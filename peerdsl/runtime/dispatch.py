@@ -62,6 +62,9 @@ class Thresholds:
     # up to these bytes (past the LL range) the plain all-reduce takes the staged one-stage
     # kernel (ops/allreduce_staged.py: one barrier, no end barrier); 0: never
     staged_max_bytes: int = 0
+    # up to these bytes the fused entry's one-stage path runs ops/fused_ar_rms_staged.py
+    # (the same bytes, one barrier) where it is built; 0: never
+    fused_staged_max_bytes: int = 0
 
     @property
     def fused_ll_cap(self) -> int:
@@ -99,6 +102,7 @@ _ENV = {
     "two_stage_min_bytes": "PEERDSL_TWO_STAGE_MIN_BYTES",
     "fused_split_min_bytes": "PEERDSL_FUSED_SPLIT_MIN_BYTES",
     "staged_max_bytes": "PEERDSL_STAGED_MAX_BYTES",
+    "fused_staged_max_bytes": "PEERDSL_FUSED_STAGED_MAX_BYTES",
 }
 
 
