@@ -118,18 +118,13 @@ def run_faults(rank: int, world: int, build: str, dev: Any, allocator: str) -> d
                                                            "CollectiveAborted")
     one_stage = {"PEERDSL_LL_MAX_BYTES": "0"}  # the plain all-reduce through Signal barriers
     staged = {**one_stage, "PEERDSL_STAGED_MAX_BYTES": str(4 << 20)}  # one barrier, no end
-    with _env(staged):
-        c = comm_for()
-        calls = [ar(c, 0, 4096), ar(c, 1, 8192), ar(c, 2, 4096), ar(c, 3, 8192)]
-        if rank == last:
-            calls.pop(1)
-        case("a rank skips a call (staged)", c, calls, mismatch)
-    with _env(one_stage):
-        c = comm_for()
-        calls = [ar(c, 0, 4096), ar(c, 1, 8192), ar(c, 2, 4096), ar(c, 3, 8192)]
-        if rank == last:
-            calls.pop(1)
-        case("a rank skips a call (one-stage)", c, calls, mismatch)
+    for label, env in (("one-stage", one_stage), ("staged", staged)):
+        with _env(env):
+            c = comm_for()
+            calls = [ar(c, 0, 4096), ar(c, 1, 8192), ar(c, 2, 4096), ar(c, 3, 8192)]
+            if rank == last:
+                calls.pop(1)
+            case(f"a rank skips a call ({label})", c, calls, mismatch)
     c = comm_for()
     calls = [ar(c, 0, 2048), ar(c, 1, 4096), ar(c, 2, 3072), ar(c, 3, 2048)]
     if rank == last:

@@ -11,6 +11,7 @@ import torch
 import peerdsl.sim
 from peerdsl.lowering.targets import get_target
 from peerdsl.ops.registry import load_all
+from fused_compare import record_launches, result_tensors, same_bytes
 from reference import norm_case
 
 SMALL = dict(spin_limit=3000)
@@ -25,30 +26,6 @@ def fused_staged(monkeypatch):
     return monkeypatch
 
 
-def _bytes(t):
-    return None if t is None else t.contiguous().view(torch.uint8)
-
-
-def _same(a, b):
-    return all((x is None and y is None) or (x is not None and y is not None and x.shape == y.shape
-                                             and torch.equal(_bytes(x), _bytes(y)))
-               for x, y in zip(a, b))
-
-
-def _result(r):
-    return (r.out, r.residual_out, r.q, r.scale)
-
-
-def _record_launches(comm):
-    names, launch = [], comm._launch
-
-    def recording(name, *args, **kwargs):
-        names.append(name)
-        return launch(name, *args, **kwargs)
-    comm._launch = recording
-    return names
-
-
 @pytest.mark.parametrize("world,hidden,rows", [(2, 2880, 5), (4, 4096, 3), (2, 6144, 1)])
 @pytest.mark.parametrize("options", [{}, {"fp8_out": True, "bf16_mirror": True},
                                      {"gemma_norm": True}])
@@ -58,18 +35,18 @@ def test_it_gives_the_unfused_bytes(fused_staged, world, hidden, rows, options):
     def body(comm):
         x = norm_case(rows, hidden, 31 + comm.rank)[0]
         residual, weight = norm_case(rows, hidden, 30)[1:]
-        launched = _record_launches(comm)
+        launched = record_launches(comm)
         one = comm.fused_allreduce_rmsnorm(x, residual, weight, **options)
         assert comm.last_path == "fused_1stage" and launched == ["fused_ar_rms_staged"]
         two = comm.add_rmsnorm(comm.all_reduce(x), residual, weight, **options)
         third = comm.prepare_fused_allreduce_rmsnorm(x, residual, weight, **options)()
-        return _result(one), _result(two), _result(third)
+        return result_tensors(one), result_tensors(two), result_tensors(third)
 
     skew = lambda i: [0, 50 * (i % 3), 20, 90][:world]  # noqa: E731
     results = peerdsl.sim.run(world, body, seed=3, skew=skew, target="sm_90", **SMALL)
     for one, two, third in results:
-        assert _same(one, two) and _same(one, third)
-    assert all(_same(results[0][0], r[0]) for r in results)
+        assert same_bytes(one, two) and same_bytes(one, third)
+    assert all(same_bytes(results[0][0], r[0]) for r in results)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -82,7 +59,7 @@ def test_back_to_back_between_ll_and_staged_all_reduces(fused_staged, world):
 
     def body(comm):
         comm.max_grid = 4
-        launched = _record_launches(comm)
+        launched = record_launches(comm)
         ok = True
         for step, rows in enumerate((1, 9, 2, 6, 4)):
             x, residual, weight = norm_case(rows, 2880, 100 * step + comm.rank)
@@ -92,7 +69,7 @@ def test_back_to_back_between_ll_and_staged_all_reduces(fused_staged, world):
             ok &= torch.equal(comm.all_reduce(y), sum(t.float() for t in comm.exchange(y))
                               .to(torch.bfloat16)) or comm.world > 2
             want = comm.add_rmsnorm(comm.all_reduce(x), residual, weight)
-            ok &= _same(_result(got), _result(want)) and _same(_result(got2), _result(want))
+            ok &= same_bytes(result_tensors(got), result_tensors(want)) and same_bytes(result_tensors(got2), result_tensors(want))
         return ok, launched
 
     res = peerdsl.sim.run(world, body, seed=11, target="sm_90", **SMALL,
@@ -120,7 +97,7 @@ def test_where_it_is_not_built_or_not_asked_the_one_stage_kernel_runs(fused_stag
 
     def body(comm):
         comm.force_runtime_h = runtime_h
-        launched = _record_launches(comm)
+        launched = record_launches(comm)
         x, residual, weight = norm_case(1, 2880, comm.rank)
         comm.fused_allreduce_rmsnorm(x, residual, weight)
         return launched
