@@ -1,10 +1,6 @@
 """The per-rank meta buffer (SPEC section 4), shared by the kernels and every runtime backend.
 
-    [Signal | LL scratch: 2 banks x world x packets x 16 B | staging | staging halves]
-
-The staging halves (two of STAGED_HALF_BYTES) serve ops/allreduce_staged.py, apart from the
-staging that the two-stage kernels write after their start barrier: the staged kernel writes
-its half before its barrier, so the two must never share bytes.
+    [Signal | LL scratch: 2 banks x world x packets x 16 B | staging]
 
 Offsets are bytes from the start of the meta buffer. The Signal is a block of i32 words.
 """
@@ -16,7 +12,6 @@ MAX_RANKS = 8
 MAX_BLOCKS = 256            # grid limit of every collective kernel
 LL_MAX_BYTES = 4 << 20      # SPEC: LL range cap
 STAGING_BYTES = 16 << 20
-STAGED_HALF_BYTES = 4 << 20  # the staged one-stage all-reduce's cap (one half)
 LL_LINE_BYTES = 16          # {data0, flag, data1, flag}
 LL_DATA_PER_LINE = 8        # 2 data words per line
 
@@ -36,11 +31,10 @@ def peer_row(addresses: list[int]) -> list[int]:
 SLOT_WORDS = 2
 SIG_SLOTS = 0                                   # [MAX_BLOCKS][MAX_RANKS] {epoch, tag} from peer
 SIG_EPOCH = SIG_SLOTS + MAX_BLOCKS * MAX_RANKS * SLOT_WORDS  # [MAX_BLOCKS]: block epochs
-# [MAX_BLOCKS]: the one LL epoch (the launch epoch of the LL kernels and of the staged
-# one-stage all-reduce, whose half is its parity), kept as a copy per block index. Every such
-# launch reads its block's copy and writes the next value into every copy (block b of a
-# G-block launch writes copies b, b + G, b + 2G, ...: only ones that no other block of the
-# launch reads), so all copies stay equal whatever the grids, with no atomic and no fence.
+# [MAX_BLOCKS]: the one LL epoch, kept as a copy per block index. Every LL launch reads its
+# block's copy and writes the next value into every copy (block b of a G-block launch writes
+# copies b, b + G, b + 2G, ...: only ones that no other block of the launch reads), so all
+# copies stay equal whatever the grids, with no atomic and no fence in the kernel.
 SIG_LL_EPOCH = SIG_EPOCH + MAX_BLOCKS
 SIG_SPIN_LIMIT = SIG_LL_EPOCH + MAX_BLOCKS      # iterations a spin may take (set by the host)
 SIG_ERROR = SIG_SPIN_LIMIT + 1                  # the error record, ERROR_WORDS words:
@@ -79,7 +73,6 @@ class MetaLayout:
     world: int
     ll_max_bytes: int = LL_MAX_BYTES
     staging_bytes: int = STAGING_BYTES
-    staged_half_bytes: int = STAGED_HALF_BYTES
 
     @property
     def signal_offset(self) -> int:
@@ -102,9 +95,5 @@ class MetaLayout:
         return self.ll_offset + self.ll_bytes
 
     @property
-    def halves_offset(self) -> int:
-        return self.staging_offset + self.staging_bytes
-
-    @property
     def total_bytes(self) -> int:
-        return self.halves_offset + 2 * self.staged_half_bytes
+        return self.staging_offset + self.staging_bytes

@@ -117,14 +117,12 @@ def run_faults(rank: int, world: int, build: str, dev: Any, allocator: str) -> d
     mismatch = ("CollectiveMismatch",) if world == 2 else ("CollectiveMismatch",
                                                            "CollectiveAborted")
     one_stage = {"PEERDSL_LL_MAX_BYTES": "0"}  # the plain all-reduce through Signal barriers
-    staged = {**one_stage, "PEERDSL_STAGED_MAX_BYTES": str(4 << 20)}  # one barrier, no end
-    for label, env in (("one-stage", one_stage), ("staged", staged)):
-        with _env(env):
-            c = comm_for()
-            calls = [ar(c, 0, 4096), ar(c, 1, 8192), ar(c, 2, 4096), ar(c, 3, 8192)]
-            if rank == last:
-                calls.pop(1)
-            case(f"a rank skips a call ({label})", c, calls, mismatch)
+    with _env(one_stage):
+        c = comm_for()
+        calls = [ar(c, 0, 4096), ar(c, 1, 8192), ar(c, 2, 4096), ar(c, 3, 8192)]
+        if rank == last:
+            calls.pop(1)
+        case("a rank skips a call (one-stage)", c, calls, mismatch)
     c = comm_for()
     calls = [ar(c, 0, 2048), ar(c, 1, 4096), ar(c, 2, 3072), ar(c, 3, 2048)]
     if rank == last:
@@ -137,7 +135,7 @@ def run_faults(rank: int, world: int, build: str, dev: Any, allocator: str) -> d
     calls = [fused(c, 0, 16), fused(c, 1, 64 if rank != last else 32), fused(c, 2, 16)]
     case("rows 64 vs 32 (fused)", c, calls, mismatch)
 
-    for label, env in (("one-stage", one_stage), ("staged", staged), ("LL", {})):
+    for label, env in (("one-stage", one_stage), ("LL", {})):
         with _env(env):
             c = comm_for(timeout_s=0.2)
 
@@ -155,23 +153,20 @@ def run_faults(rank: int, world: int, build: str, dev: Any, allocator: str) -> d
                  [late(i) for i in range(3)], want)
 
     gen = torch.Generator().manual_seed(7)
-    for start, env in ((2**31 - 2, {}), (2**31 - 5, {}), (2**32 - 2, {}), (2**32 - 5, {}),
-                       (2**32 - 3, staged)):
-        with _env(env):  # dispatch reads the environment at each call
-            c = comm_for()
-            c.set_epochs_for_test(start)
-            calls = []
-            for i in range(24):
-                ns = int(torch.randint(0, 50_000, (world,), generator=gen)[rank])
+    for start in (2**31 - 2, 2**31 - 5, 2**32 - 2, 2**32 - 5):
+        c = comm_for()
+        c.set_epochs_for_test(start)
+        calls = []
+        for i in range(24):
+            ns = int(torch.randint(0, 50_000, (world,), generator=gen)[rank])
 
-                def call(i: int = i, ns: int = ns, c: Any = c) -> bool:
-                    gpu_delay(c, ns)
-                    if i % 3 == 0:
-                        return fused(c, i, 384)()
-                    return ar(c, i, 2048 if i % 3 == 1 else 384 * 6144)()
-                calls.append(call)
-            label = " (staged)" if env else ""
-            case(f"epochs from {start:#x}{label}", c, calls, None)
+            def call(i: int = i, ns: int = ns, c: Any = c) -> bool:
+                gpu_delay(c, ns)
+                if i % 3 == 0:
+                    return fused(c, i, 384)()
+                return ar(c, i, 2048 if i % 3 == 1 else 384 * 6144)()
+            calls.append(call)
+        case(f"epochs from {start:#x}", c, calls, None)
 
     c = comm_for()
     x = inputs(0, rank, 2048)

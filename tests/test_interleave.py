@@ -80,20 +80,9 @@ def run_interleave(steps: int, seed: int) -> None:
 def ll_cap(monkeypatch):
     monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(32 << 10))
     monkeypatch.delenv("PEERDSL_FUSED_PATH", raising=False)
-    monkeypatch.delenv("PEERDSL_STAGED_MAX_BYTES", raising=False)
 
 
 def test_interleave(ll_cap, long_run):
-    steps, seeds = (300, 20) if long_run else (4, 2)
-    for seed in range(seeds):
-        run_interleave(steps, seed)
-
-
-def test_interleave_with_the_staged_all_reduce(ll_cap, monkeypatch, long_run):
-    """The tiny all-reduce on the staged kernel (ops/allreduce_staged.py: no end barrier),
-    the one-row fused call on the one-stage kernel."""
-    monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(2 << 10))
-    monkeypatch.setenv("PEERDSL_STAGED_MAX_BYTES", str(8 << 10))
     steps, seeds = (300, 20) if long_run else (4, 2)
     for seed in range(seeds):
         run_interleave(steps, seed)

@@ -30,11 +30,8 @@ RUNTIME_H_OPS = {op: f"{op}_runtime_h" for op in (
 ROWS_OP = "fused_ar_rms_1stage_rows"
 # the ll+rmsnorm path in one launch (runtime/fused_launch.py `fused_ll`), where it is built
 FUSED_LL_OP = "fused_ar_rms_ll"
-# the fused one-stage path with one barrier (runtime/fused_launch.py), where it is built
-FUSED_STAGED_OP = "fused_ar_rms_staged"
 # the kernels behind the collective methods of runtime/collectives.py (W constexpr)
-COLLECTIVE_OPS = ("allreduce_ll", "allreduce_staged", "allreduce_1stage", "allreduce_2stage",
-                  "allgather",
+COLLECTIVE_OPS = ("allreduce_ll", "allreduce_1stage", "allreduce_2stage", "allgather",
                   "null_collective", "fused_ar_rms_1stage", "fused_ar_rms_2stage",
                   "fused_ar_rms_1stage_runtime_h", "fused_ar_rms_2stage_runtime_h")
 # the kernels an entry point may launch for a hidden size H (every path it can take)
@@ -172,8 +169,7 @@ def from_registry(target: str) -> Built:
     t = get_target(target)
     # RUNTIME_H_OPS's keys too: the gather kernel (NVIDIA only) is in no HIDDEN_OPS entry
     wanted = set(COLLECTIVE_OPS).union(*HIDDEN_OPS.values(), RUNTIME_H_OPS,
-                                       RUNTIME_H_OPS.values(), (ROWS_OP, FUSED_LL_OP,
-                                                               FUSED_STAGED_OP))
+                                       RUNTIME_H_OPS.values(), (ROWS_OP, FUSED_LL_OP))
     variants = {name: tuple(spec.variants(t)) for name, spec in load_all().items()
                 if name in wanted}
     return Built(target, "simulator: the op registry's variants", variants,

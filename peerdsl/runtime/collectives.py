@@ -17,7 +17,7 @@ import torch
 from .. import layout
 from ..ops._rows import FLAG_FP8, FLAG_GEMMA, FLAG_MIRROR, SUPPORTED_HIDDEN, hidden_rule_error
 from . import dispatch
-from .built import FUSED_LL_OP, FUSED_STAGED_OP, Built, RowKernel, from_registry
+from .built import FUSED_LL_OP, Built, RowKernel, from_registry
 from .callid import CallIdentity, collective_call, local_call
 from .fused_launch import fused_kernel, fused_ll, fused_ll_launch, gather_launch
 from .norm_result import NormResult  # noqa: F401 (the norm entry points' result type)
@@ -121,14 +121,6 @@ class Collectives(CallIdentity):
         return [b + self.meta_layout.staging_offset for b in self.meta_bases]
 
     @functools.cached_property
-    def halves_peers(self) -> list[int]:
-        return [b + self.meta_layout.halves_offset for b in self.meta_bases]
-
-    @functools.cached_property
-    def half_packs(self) -> int:
-        return self.meta_layout.staged_half_bytes // 16
-
-    @functools.cached_property
     def ll_lines_per_peer(self) -> int:
         return layout.ll_packets(self.meta_layout.ll_max_bytes)
 
@@ -136,9 +128,7 @@ class Collectives(CallIdentity):
     def capacity(self) -> dict[str, int]:
         """What this communicator allocated: dispatch never plans past it."""
         cap = {"ll_max_bytes": self.meta_layout.ll_max_bytes,
-               "staging_bytes": self.meta_layout.staging_bytes,
-               "staged_max_bytes": self.meta_layout.staged_half_bytes,
-               "fused_staged_max_bytes": self.meta_layout.staged_half_bytes}
+               "staging_bytes": self.meta_layout.staging_bytes}
         if self.pool_bytes is not None:
             cap["custom_ar_max_bytes"] = self.pool_bytes
         return cap
@@ -168,13 +158,6 @@ class Collectives(CallIdentity):
             self._launch("allreduce_ll", {"T": T, "W": self.world}, grid, {
                 "x": self._dev(x), "out": out, "sig": self.signal_peers, "ll": self.ll_peers,
                 "rank": self.rank, "n_packs": packs, "lines_per_peer": self.ll_lines_per_peer})
-        elif path == "staged":  # the input read in place, no registered pool
-            cx, per_block = dispatch.ar_kernel(self.arch, path, self.world, packs, self.max_grid)
-            self._launch("allreduce_staged", {"T": T, "W": self.world, **cx},
-                         self._grid(packs, per_block), {
-                             "x": self._dev(x), "halves": self.halves_peers, "out": out,
-                             "sig": self.signal_peers, "rank": self.rank, "n_packs": packs,
-                             "half_packs": self.half_packs})
         elif path == "1stage":
             cx, per_block = dispatch.ar_kernel(self.arch, path, self.world, packs, self.max_grid)
             self._launch("allreduce_1stage", {"T": T, "W": self.world, **cx},
@@ -361,12 +344,9 @@ class Collectives(CallIdentity):
         # S = 1: stage 1 alone, then the gather launch; its variant too before any launch
         gather_kernel = (self._row_kernel("fused_ar_rms_gather", hidden)
                          if constexprs.get("S") else None)
-        args = dict(residual=residual_dev, weight=weight_dev, sig=self.signal_peers,
-                    rank=self.rank, rows=rows, eps=eps, flags=kflags, **bufs, **rk.args)
-        if name == FUSED_STAGED_OP:  # the input read in place, no registered pool
-            args.update(x=self._dev(x), halves=self.halves_peers, half_packs=self.half_packs)
-        else:
-            args["inp"] = self._stage(x)
+        args = dict(inp=self._stage(x), residual=residual_dev, weight=weight_dev,
+                    sig=self.signal_peers, rank=self.rank, rows=rows, eps=eps,
+                    flags=kflags, **bufs, **rk.args)
         if path == "fused_2stage":
             args["staging"] = self.staging_peers
         self._launch(name, constexprs, grid, args)

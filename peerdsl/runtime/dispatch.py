@@ -35,7 +35,7 @@ from .. import layout
 
 MiB = 1 << 20
 PATHS = ("local", "unfused", "fallback", "ll+rmsnorm", "fused_1stage", "fused_2stage")
-AR_PATHS = ("local", "fallback", "ll", "staged", "1stage", "2stage")
+AR_PATHS = ("local", "fallback", "ll", "1stage", "2stage")
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "bfloat16": 2, "float16": 2, "torch.bfloat16": 2,
                "torch.float16": 2}
 
@@ -59,12 +59,6 @@ class Thresholds:
     # below two_stage_min_world: the fused entry takes the two-stage kernel from these bytes
     # where its schedule splits (FUSED_2STAGE split_max_hidden); None: never
     fused_split_min_bytes: int | None = None
-    # up to these bytes (past the LL range) the plain all-reduce takes the staged one-stage
-    # kernel (ops/allreduce_staged.py: one barrier, no end barrier); 0: never
-    staged_max_bytes: int = 0
-    # up to these bytes the fused entry's one-stage path runs ops/fused_ar_rms_staged.py
-    # (the same bytes, one barrier) where it is built; 0: never
-    fused_staged_max_bytes: int = 0
 
     @property
     def fused_ll_cap(self) -> int:
@@ -101,8 +95,6 @@ _ENV = {
     "fused_two_stage_min_hidden": "PEERDSL_FUSED_TWO_STAGE_MIN_HIDDEN",
     "two_stage_min_bytes": "PEERDSL_TWO_STAGE_MIN_BYTES",
     "fused_split_min_bytes": "PEERDSL_FUSED_SPLIT_MIN_BYTES",
-    "staged_max_bytes": "PEERDSL_STAGED_MAX_BYTES",
-    "fused_staged_max_bytes": "PEERDSL_FUSED_STAGED_MAX_BYTES",
 }
 
 
@@ -291,8 +283,7 @@ def fp8_in_epilogue(arch: str, rows: int, hidden: int, dtype) -> bool:
 
 def plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool = True,
                     capacity: dict[str, int] | None = None) -> str:
-    """The path of a plain all-reduce of nbytes: local, fallback, ll, staged, 1stage or
-    2stage."""
+    """The path of a plain all-reduce of nbytes: local, fallback, ll, 1stage or 2stage."""
     _check_world(world)
     key = (arch, world, nbytes, contiguous, tuple(capacity.items()) if capacity else (),
            _env_key())
@@ -310,8 +301,6 @@ def _plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool,
         return "fallback"
     if nbytes <= t.ll_max_bytes:
         return "ll"
-    if nbytes <= t.staged_max_bytes:
-        return "staged"
     if (world >= t.two_stage_min_world and nbytes >= t.two_stage_min_bytes
             and _staging_fits(t, world, nbytes // 16, nbytes)):
         return "2stage"

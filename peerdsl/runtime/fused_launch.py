@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import layout
 from . import dispatch
-from .built import FUSED_LL_OP, FUSED_STAGED_OP, ROWS_OP, RowKernel
+from .built import FUSED_LL_OP, ROWS_OP, RowKernel
 
 
 def fused_kernel(comm: Any, path: str, rows: int, hidden: int, T: Any
@@ -35,12 +35,7 @@ def _plan(comm: Any, path: str, rows: int, hidden: int, T: Any
         cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size, rk.runtime_h))
     elif not rk.runtime_h:
         v = dispatch.fused_1stage_rows(comm.arch, comm.world, rows, hidden, comm.max_grid)
-        staged = dispatch.thresholds(comm.arch, comm.capacity).fused_staged_max_bytes
-        if rows * hidden * 2 <= staged and comm.built.has(FUSED_STAGED_OP, H=hidden,
-                                                          W=comm.world, V=1):
-            v = v if comm.built.has(FUSED_STAGED_OP, H=hidden, W=comm.world, V=v) else 1
-            name, per_block, cx["V"] = FUSED_STAGED_OP, v, v
-        elif v > 1 and comm.built.has(ROWS_OP, H=hidden, W=comm.world, V=v):
+        if v > 1 and comm.built.has(ROWS_OP, H=hidden, W=comm.world, V=v):
             name, per_block, cx["V"] = ROWS_OP, v, v
     grid = max(1, min(-(-rows // per_block), comm.max_grid, layout.MAX_BLOCKS))
     return rk, name, cx, grid

@@ -38,7 +38,7 @@ _AR_KERNEL_PLANS: dict[tuple, Any] = {}
 def ar_kernel(arch: str, path: str, world: int, work_packs: int,
               max_grid: int) -> tuple[dict[str, int], int]:
     """(constexprs beyond T and W, packs one block covers per iteration) of the `path`
-    ("staged" | "1stage" | "2stage") all-reduce kernel for `work_packs` packs per grid (the two-stage
+    ("1stage" | "2stage") all-reduce kernel for `work_packs` packs per grid (the two-stage
     kernel's shard) with at most `max_grid` blocks.
 
     U is the smallest built unroll whose grid of max_grid blocks covers the work in one
@@ -55,10 +55,8 @@ def ar_kernel(arch: str, path: str, world: int, work_packs: int,
 def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
                max_grid: int) -> tuple[dict[str, int], int]:
     from .dispatch import _AR_ENV, _env_ints
-    if path not in ("staged", "1stage", "2stage"):
-        raise ValueError(f"ar_kernel path {path!r} is not 'staged', '1stage' or '2stage'")
-    if path == "staged":  # the one-stage kernel's loop: its table
-        path = "1stage"
+    if path not in ("1stage", "2stage"):
+        raise ValueError(f"ar_kernel path {path!r} is not '1stage' or '2stage'")
     env = _env_ints(_AR_ENV)
     if "end_barrier" in env and env["end_barrier"] not in (0, 1):
         raise ValueError(f"PEERDSL_AR_END_BARRIER={env['end_barrier']} must be 0 or 1")

@@ -18,8 +18,8 @@ launches: one driver call per kernel, no torch operation and no Python-level che
 Issue 14's guarantees hold: one sequence number per call, errors mark the communicator
 broken, calls after close() raise CommunicatorClosed. A prepared call runs the kernels the
 plain call of the same arguments runs; its call tag is the plain call's where it reads its
-input as the plain call does (`stage_input=True`, and the LL and staged paths, whose kernels
-read the input locally), so ranks may mix those with plain calls. Read in place (the default on the
+input as the plain call does (`stage_input=True`, and the LL paths, whose kernels read the
+input locally), so ranks may mix those with plain calls. Read in place (the default on the
 one- and two-stage paths), the input a peer reads is the bound tensor of the same prepared
 call on every rank, not the registered pool: that call's tag names it (`op[prepared #n,
 input in place]`, n counting such preparations, which every rank makes in the same order),
@@ -259,14 +259,6 @@ def prepare_all_reduce(comm: Any, x: torch.Tensor, out: torch.Tensor | None = No
         args = {"x": b.tensor("x", x), "out": out_v, "sig": comm.signal_peers,
                 "ll": comm.ll_peers, "rank": comm.rank, "n_packs": packs,
                 "lines_per_peer": comm.ll_lines_per_peer}
-    elif path == "staged":  # the input read in place, as the LL kernel reads it
-        variant, per_block = dispatch.ar_kernel(comm.arch, path, comm.world, packs,
-                                                comm.max_grid)
-        cx.update(variant)
-        name, grid = "allreduce_staged", comm._grid(packs, per_block)
-        args = {"x": b.tensor("x", x), "halves": comm.halves_peers, "out": out_v,
-                "sig": comm.signal_peers, "rank": comm.rank, "n_packs": packs,
-                "half_packs": comm.half_packs}
     else:
         inp = b.registered(x, stage_input)
         op = entry if stage_input else in_place_op(comm, entry)

@@ -10,7 +10,7 @@ import torch
 
 from ..ops._rows import FLAG_FP8, FLAG_MIRROR
 from . import dispatch
-from .built import FUSED_LL_OP, FUSED_STAGED_OP
+from .built import FUSED_LL_OP
 from .callid import call_key
 from .collectives import FP8_DTYPES, NormResult
 from .fused_launch import fused_kernel, fused_ll, fused_ll_launch, gather_launch
@@ -112,14 +112,10 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
                                           local=True)))
     else:
         rk, name, cx, grid = fused_kernel(comm, path, rows, hidden, T)
-        fused_args = dict(sig=comm.signal_peers, rank=comm.rank, **norm_args, **vals, **rk.args)
-        if name == FUSED_STAGED_OP:  # x read in place here only (as the LL kernel): plain tag
-            op = ENTRY
-            fused_args.update(x=b.tensor("x", x), halves=comm.halves_peers,
-                              half_packs=comm.half_packs)
-        else:
-            fused_args["inp"] = b.registered(x, stage_input)
-            op = ENTRY if stage_input else in_place_op(comm, ENTRY)
+        inp = b.registered(x, stage_input)
+        op = ENTRY if stage_input else in_place_op(comm, ENTRY)
+        fused_args = dict(inp=inp, sig=comm.signal_peers, rank=comm.rank, **norm_args, **vals,
+                          **rk.args)
         if path == "fused_2stage":
             fused_args["staging"] = comm.staging_peers
         actions.append(("collective", b.launch(name, cx, grid, fused_args),

@@ -47,21 +47,6 @@ def test_one_stage_and_ll_cross_the_wrap(start):
     assert statuses(res) == [["exact"] * len(steps)] * 2
 
 
-@pytest.mark.parametrize("start", [2**32 - 3, 2**32 - 2])
-def test_the_staged_kernels_cross_the_wrap(start, monkeypatch):
-    """Their half is the LL epoch's parity: across 2^32 (0 skipped) it still alternates, so
-    back-to-back staged calls never share a half. Staged all-reduces and fused calls back to
-    back, between LL calls (which advance the same epoch) and a one-stage one."""
-    monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(2 << 10))
-    monkeypatch.setenv("PEERDSL_STAGED_MAX_BYTES", str(1 << 20))
-    monkeypatch.setenv("PEERDSL_FUSED_STAGED_MAX_BYTES", str(1 << 20))
-    steps = [Step("ar", n) for n in (4096, 8192, 512, 4096, 2048, 8192)] + \
-        [Step("fused", 4), Step("fused", 5), Step("ar", 6144), Step("fused", 1)]
-    res = run_case(f"staged epochs from {start:#x} (TP2)", 2, steps, target="sm_90",
-                   setup=lambda comm: comm.set_epochs_for_test(start), skew=_skew(start, 2))
-    assert statuses(res) == [["exact"] * len(steps)] * 2
-
-
 def test_ll_epoch_skips_zero_and_keeps_alternating_banks():
     """The LL epoch stored after each launch, from 2^32 - 3: the LL sizes grow across the
     wrap, so the launch that would have used epoch 0 reads lines its peers never wrote
