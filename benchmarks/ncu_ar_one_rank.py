@@ -1,5 +1,6 @@
-"""One rank's one-/two-stage all-reduce kernel with its peers' barrier arrivals written in
-advance: a launch Nsight Compute can profile, and a timing without barrier waits.
+"""One rank's one-/two-stage all-reduce kernel (or the fused one-stage kernel: `--path
+fused1`) with its peers' barrier arrivals written in advance: a launch Nsight Compute can
+profile, and a timing without barrier waits.
 
     PYTHONPATH=. python3 benchmarks/ncu_ar_one_rank.py --build build --path 2stage --world 4 \
         --rows 1024 --unroll 4 --block 256                     # time it (CUDA graph)
@@ -11,8 +12,9 @@ their timeout. Here one process holds every rank's input, staging and Signal, an
 each launch the launched rank's Signal holds, in each slot its barriers wait on, what the
 peers would have sent: {epoch 2, the call's tag}. Its first barrier (target 1) then sees a
 peer one barrier ahead (accepted: that peer vouched for this call), the second (target 2)
-its target with the tag. Kernels with two barriers only: allreduce_1stage, and
-allreduce_2stage with E=0. The block epochs are zeroed before each launch (so the same
+its target with the tag. Kernels with two barriers only: allreduce_1stage, allreduce_2stage
+with E=0, and fused_ar_rms_1stage (with V rows per block as the communicator picks them;
+its residual_out is checked, the rank-order sum plus the residual). The block epochs are zeroed before each launch (so the same
 slots serve every launch and every ncu replay pass, which restores memory in between). The
 peers' staging holds their reduced shards, so `out` is the whole all-reduce: checked bitwise
 against the rank-order reference, and the Signal's error record must stay clear.
@@ -49,7 +51,7 @@ def prefill(sig, rank: int, world: int, grid: int, torch) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--path", choices=["1stage", "2stage"], default="2stage")
+    ap.add_argument("--path", choices=["1stage", "2stage", "fused1"], default="2stage")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--rows", type=int, default=1024)
@@ -67,11 +69,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from peerdsl.runtime.cuda.loader import CudaLoader
     W, dev = args.world, torch.device("cuda:0")
-    cx = {"T": "bf16", "W": W, "U": args.unroll, "B": args.block}
-    if args.path == "2stage":
-        cx["E"] = 0
-    kernel = CudaLoader(os.path.join(args.build, "sm_90", "manifest.json")).kernel(
-        f"allreduce_{args.path}", **cx)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    fused = args.path == "fused1"
+    if fused:
+        from peerdsl.runtime.kernel_variants import fused_1stage_rows
+        V = fused_1stage_rows("sm_90", W, args.rows, args.hidden, sms // W)
+        cx = {"T": "bf16", "H": args.hidden, "W": W, **({"V": V} if V > 1 else {})}
+        name = "fused_ar_rms_1stage_rows" if V > 1 else "fused_ar_rms_1stage"
+    else:
+        V, name = 1, f"allreduce_{args.path}"
+        cx = {"T": "bf16", "W": W, "U": args.unroll, "B": args.block}
+        if args.path == "2stage":
+            cx["E"] = 0
+    kernel = CudaLoader(os.path.join(args.build, "sm_90", "manifest.json")).kernel(name, **cx)
     g = torch.Generator().manual_seed(7)
     xs = [(torch.randn(args.rows, args.hidden, generator=g) * (r + 1)).to(torch.bfloat16)
           for r in range(W)]
@@ -79,13 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     for x in xs[1:]:
         ref = ref + x.float()
     ref = ref.to(torch.bfloat16).to(dev)
+    residual = torch.randn(args.rows, args.hidden, generator=g).to(torch.bfloat16).to(dev)
+    weight = (torch.rand(args.hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
+    if fused:  # what the kernel's residual_out holds: T(f32(ar) + f32(residual))
+        ref = (ref.float() + residual.float()).to(torch.bfloat16)
     inputs = [x.to(dev) for x in xs]
     table = torch.tensor(layout.peer_row([x.data_ptr() for x in inputs]), dtype=torch.int64,
                          device=dev)
     packs = args.rows * args.hidden // 8
     work = packs // W if args.path == "2stage" else packs
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    grid = args.grid or max(1, min(-(-work // (args.block * args.unroll)), sms // W,
+    per_block = V if fused else args.block * args.unroll
+    grid = args.grid or max(1, min(-(-(args.rows if fused else work) // per_block), sms // W,
                                    layout.MAX_BLOCKS))
     # staging of every rank: its reduced shard (what its stage 1 writes), contiguous packs
     shards = ref.view(-1).view(W, -1) if args.path == "2stage" else None
@@ -101,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         outs[r] = torch.empty_like(ref)
         sig = [s.data_ptr() if p == r else scratch[p].data_ptr() for p in range(W)]
         a = {"inp": table.data_ptr(), "out": outs[r], "sig": sig, "rank": r, "call": TAG}
-        if args.path == "2stage":
+        if fused:  # outs[r] is residual_out; out is the normed row (not checked)
+            a.update(out=torch.empty_like(ref), residual_out=outs[r], residual=residual,
+                     weight=weight, q=0, scale=0, rows=args.rows, eps=1e-6, flags=0)
+        elif args.path == "2stage":
             a.update(staging=[t.data_ptr() for t in staging], shard_packs=work)
         else:
             a["n_packs"] = packs
@@ -147,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     total, memset = timed(True), timed(False)
     # one-stage: W packs read per pack written; two-stage: stage 1 reads W and writes 1 per
     # shard pack, stage 2 reads W and writes W
-    moved = (W + 1) * packs * 16 if args.path == "1stage" else (3 * W + 1) * work * 16
+    moved = {"1stage": (W + 1) * packs, "2stage": (3 * W + 1) * work,
+             "fused1": (W + 3) * packs}[args.path] * 16
     print(f"{what}: exact; {total:.1f} us per call with the epoch reset, {memset:.1f} us "
           f"the reset alone, so ~{total - memset:.1f} us the kernel(s); "
           f"{moved * len(ranks) / max(1e-9, total - memset) / 1e6:.2f} TB/s of its reads + "

@@ -75,6 +75,41 @@ def test_one_rank_harness_prefill_lets_a_rank_run_alone(path, U):
     assert all(torch.equal(g, ref) for g in got)
 
 
+def test_one_rank_harness_prefill_lets_the_fused_one_stage_kernel_run_alone():
+    """The same premise for `--path fused1`: fused_ar_rms_1stage has the same two barriers."""
+    from peerdsl.ops.fused_ar_rms_1stage import fused_ar_rms_1stage
+    ncu = _bench_module("ncu_ar_one_rank")
+    W, rank, grid, rows, H = 4, 1, 3, 5, 2880
+    xs = [x.view(rows, H) for x in _inputs(W, rows * H, 9)]
+    residual = _inputs(1, rows * H, 10)[0].view(rows, H)
+    weight = torch.ones(H, dtype=BF16)
+    want = (all_reduce_ref(xs).float() + residual.float()).to(BF16)
+
+    def body(comm):
+        ins = [comm.to_device(x) for x in xs]
+        table = comm.to_device(torch.tensor(layout.peer_row([b.addr for b in ins])))
+        words = torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32)
+        words[layout.SIG_SPIN_LIMIT] = 3000
+        ncu.prefill(words, rank, W, grid, torch)
+        own = comm.to_device(words)
+        scratch = [comm.alloc((layout.SIGNAL_BYTES // 4,), torch.int32) for _ in range(W)]
+        res_out = comm.alloc((rows, H), BF16)
+        args = {"inp": table.addr, "residual": comm.to_device(residual),
+                "weight": comm.to_device(weight), "out": comm.alloc((rows, H), BF16),
+                "residual_out": res_out, "q": 0, "scale": 0, "rank": rank, "rows": rows,
+                "eps": 1e-6, "flags": 0, "call": ncu.TAG,
+                "sig": [own.addr if p == rank else scratch[p].addr for p in range(W)]}
+        cx = {"T": dsl.bf16, "H": H, "W": W, "FP8": "e4m3fn", "R": 4}
+        comm.launch_local(fused_ar_rms_1stage, cx, grid, args)
+        err = comm.to_torch(own.addr + 4 * layout.SIG_ERROR, (layout.ERROR_WORDS,), torch.int32)
+        return comm.to_torch(res_out, (rows, H), BF16), err
+
+    (got, err), = peerdsl.sim.run(1, body, seed=3, target="sm_90",
+                                  comm_cls=peerdsl.sim.SimCommunicator)
+    assert err.tolist() == [0] * layout.ERROR_WORDS
+    assert torch.equal(got, want)
+
+
 def test_sweep_configs_cover_the_build_and_the_table():
     V = _bench_module("bench_ar_variants")
     t = get_target("sm_90")
