@@ -22,6 +22,6 @@ for p in 1stage fused1; do
   grep -E " Duration|Warp Cycles Per Issued|Achieved Occupancy|DRAM Throughput|Registers Per|Block Limit Reg" $W/ncu_${p}_64rows_details.txt | head -8
   rm -f $W/$p.ncu-rep $W/sass_$p.csv
 done
-step "sweep 8192" 330 env BENCH_ROWS="16 64 256 1024 4096" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build $B --tp 4 2 --hidden 8192 --vllm-header peers_src --json $W/sweep.json > $W/sweep.log 2>&1
+step "sweep 8192" 280 env BENCH_ROWS="64 256 1024 4096" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build $B --tp 4 2 --hidden 8192 --vllm-header peers_src --json $W/sweep.json > $W/sweep.log 2>&1
 python3 scripts/fused_pairs_line.py $W/sweep.json
 true
