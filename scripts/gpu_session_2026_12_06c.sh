@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 for round in 1 2; do
   for side in now alt; do
     envs=""; [ $side = alt ] && envs=$ALT
-    step "$side r$round" 90 env $envs BENCH_ROWS="64 128 256" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 --hidden 6144 8192 2880 --vllm-header peers_src --json $W/${side}_r$round.json > $W/${side}_r$round.log 2>&1
+    step "$side r$round" 70 env $envs BENCH_ROWS="64 128 256" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 --hidden 6144 8192 --vllm-header peers_src --json $W/${side}_r$round.json > $W/${side}_r$round.log 2>&1
     tail -3 $W/${side}_r$round.log | grep -i error
     python3 scripts/fused_pairs_line.py $W/${side}_r$round.json
   done
