@@ -5,6 +5,8 @@
 # kernels with their end barrier) and vLLM's one-stage kernel as is (+ Triton add+RMSNorm),
 # in the same runs, A/B twice interleaved (now, staged, now, staged), TP4 and TP2, H = 6144.
 # Then the fault suite (new staged cases) and the runtime proof with the staged path on.
+# Ran at f6e5db6; the staged kernels were removed after it (9aeaccd, RESULTS.md call L1), so
+# this script is the record of that call, not runnable on later trees.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/l1; mkdir -p $W
 step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; rm -f $W/*.png; tar czf $OUT/l1.tgz -C $W .; }
