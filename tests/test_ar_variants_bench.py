@@ -29,6 +29,22 @@ def _bench_module(name: str):
     return mod
 
 
+def _one_rank_args(comm, ncu, xs, rank: int, grid: int):
+    """(rank's Signal buffer, launch arguments) of the one-rank harness on the simulator:
+    every rank's input registered, the rank's Signal pre-filled as ncu_ar_one_rank.py does,
+    the fake peers' Signals scratch."""
+    W = len(xs)
+    ins = [comm.to_device(x) for x in xs]
+    table = comm.to_device(torch.tensor(layout.peer_row([b.addr for b in ins])))
+    words = torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32)
+    words[layout.SIG_SPIN_LIMIT] = 3000
+    ncu.prefill(words, rank, W, grid, torch)
+    own = comm.to_device(words)
+    scratch = [comm.alloc((layout.SIGNAL_BYTES // 4,), torch.int32) for _ in range(W)]
+    return own, {"inp": table.addr, "rank": rank, "call": ncu.TAG,
+                 "sig": [own.addr if p == rank else scratch[p].addr for p in range(W)]}
+
+
 @pytest.mark.parametrize("path,U", [("1stage", 2), ("2stage", 1), ("2stage", 4)])
 def test_one_rank_harness_prefill_lets_a_rank_run_alone(path, U):
     """benchmarks/ncu_ar_one_rank.py's premise, on the simulator: with the slots its two
@@ -40,18 +56,11 @@ def test_one_rank_harness_prefill_lets_a_rank_run_alone(path, U):
     ref = all_reduce_ref(xs)
 
     def body(comm):
-        ins = [comm.to_device(x) for x in xs]
-        table = comm.to_device(torch.tensor(layout.peer_row([b.addr for b in ins])))
-        words = torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32)
-        words[layout.SIG_SPIN_LIMIT] = 3000
-        ncu.prefill(words, rank, W, grid, torch)
-        own = comm.to_device(words)
-        scratch = [comm.alloc((layout.SIGNAL_BYTES // 4,), torch.int32) for _ in range(W)]
+        own, args = _one_rank_args(comm, ncu, xs, rank, grid)
         out = comm.alloc((n,), BF16)
         shards = ref.view(W, -1)
         staging = [comm.to_device(shards[p].clone()) for p in range(W)]
-        args = {"inp": table.addr, "out": out, "rank": rank, "call": ncu.TAG,
-                "sig": [own.addr if p == rank else scratch[p].addr for p in range(W)]}
+        args["out"] = out
         cx = {"T": dsl.bf16, "W": W, "U": U, "B": 256}
         if path == "2stage":
             cx["E"] = 0
@@ -86,19 +95,11 @@ def test_one_rank_harness_prefill_lets_the_fused_one_stage_kernel_run_alone():
     want = (all_reduce_ref(xs).float() + residual.float()).to(BF16)
 
     def body(comm):
-        ins = [comm.to_device(x) for x in xs]
-        table = comm.to_device(torch.tensor(layout.peer_row([b.addr for b in ins])))
-        words = torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32)
-        words[layout.SIG_SPIN_LIMIT] = 3000
-        ncu.prefill(words, rank, W, grid, torch)
-        own = comm.to_device(words)
-        scratch = [comm.alloc((layout.SIGNAL_BYTES // 4,), torch.int32) for _ in range(W)]
+        own, args = _one_rank_args(comm, ncu, xs, rank, grid)
         res_out = comm.alloc((rows, H), BF16)
-        args = {"inp": table.addr, "residual": comm.to_device(residual),
-                "weight": comm.to_device(weight), "out": comm.alloc((rows, H), BF16),
-                "residual_out": res_out, "q": 0, "scale": 0, "rank": rank, "rows": rows,
-                "eps": 1e-6, "flags": 0, "call": ncu.TAG,
-                "sig": [own.addr if p == rank else scratch[p].addr for p in range(W)]}
+        args.update(residual=comm.to_device(residual), weight=comm.to_device(weight),
+                    out=comm.alloc((rows, H), BF16), residual_out=res_out, q=0, scale=0,
+                    rows=rows, eps=1e-6, flags=0)
         cx = {"T": dsl.bf16, "H": H, "W": W, "FP8": "e4m3fn", "R": 4}
         comm.launch_local(fused_ar_rms_1stage, cx, grid, args)
         err = comm.to_torch(own.addr + 4 * layout.SIG_ERROR, (layout.ERROR_WORDS,), torch.int32)
