@@ -13,11 +13,12 @@ each launch the launched rank's Signal holds, in each slot its barriers wait on,
 peers would have sent: {epoch 2, the call's tag}. Its first barrier (target 1) then sees a
 peer one barrier ahead (accepted: that peer vouched for this call), the second (target 2)
 its target with the tag. Kernels with two barriers only: allreduce_1stage, allreduce_2stage
-with E=0, and fused_ar_rms_1stage (with V rows per block as the communicator picks them;
-its residual_out is checked, the rank-order sum plus the residual). The block epochs are zeroed before each launch (so the same
-slots serve every launch and every ncu replay pass, which restores memory in between). The
-peers' staging holds their reduced shards, so `out` is the whole all-reduce: checked bitwise
-against the rank-order reference, and the Signal's error record must stay clear.
+with E=0, and fused_ar_rms_1stage (V rows per block as the communicator picks them). The
+block epochs are zeroed before each launch (so the same slots serve every launch and every
+ncu replay pass, which restores memory in between). The peers' staging holds their reduced
+shards, so `out` is the whole all-reduce: checked bitwise against the rank-order reference
+(the fused kernel's residual_out: that sum plus the residual), and the Signal's error record
+must stay clear.
 
 `--all-ranks` launches every rank's kernel at once on its own stream (each with its own
 pre-filled Signal): the HBM traffic of W ranks, without their barrier waits or skew. The
@@ -89,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     for x in xs[1:]:
         ref = ref + x.float()
     ref = ref.to(torch.bfloat16).to(dev)
-    residual = torch.randn(args.rows, args.hidden, generator=g).to(torch.bfloat16).to(dev)
-    weight = (torch.rand(args.hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
     if fused:  # what the kernel's residual_out holds: T(f32(ar) + f32(residual))
+        residual = torch.randn(args.rows, args.hidden, generator=g).to(torch.bfloat16).to(dev)
+        weight = (torch.rand(args.hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
         ref = (ref.float() + residual.float()).to(torch.bfloat16)
     inputs = [x.to(dev) for x in xs]
     table = torch.tensor(layout.peer_row([x.data_ptr() for x in inputs]), dtype=torch.int64,

@@ -100,7 +100,8 @@ def test_one_rank_harness_prefill_lets_the_fused_one_stage_kernel_run_alone():
         args.update(residual=comm.to_device(residual), weight=comm.to_device(weight),
                     out=comm.alloc((rows, H), BF16), residual_out=res_out, q=0, scale=0,
                     rows=rows, eps=1e-6, flags=0)
-        cx = {"T": dsl.bf16, "H": H, "W": W, "FP8": "e4m3fn", "R": 4}
+        t = get_target("sm_90")
+        cx = {"T": dsl.bf16, "H": H, "W": W, "FP8": t.fp8_format, "R": t.row_reads_ahead}
         comm.launch_local(fused_ar_rms_1stage, cx, grid, args)
         err = comm.to_torch(own.addr + 4 * layout.SIG_ERROR, (layout.ERROR_WORDS,), torch.int32)
         return comm.to_torch(res_out, (rows, H), BF16), err
