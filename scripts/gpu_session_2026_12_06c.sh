@@ -4,7 +4,8 @@
 # ahead of the one-stage kernel from 64 rows at H = 6144 and 8192, where dispatch takes the
 # one-stage kernel below 2 MiB and V = 2 at 6144. A/B twice interleaved in one call: "now"
 # (the tree's dispatch) and "alt" (the two-stage kernel from 768 KiB, V = 1), against the vLLM
-# AR + Triton pair in every run. TP2 is not affected (two-stage from 4 ranks).
+# AR + Triton pair in every run. H = 2880 is in the run because the alt threshold moves its
+# 256-row call to the two-stage kernel too. TP2 is not affected (two-stage from 4 ranks).
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/l3; mkdir -p $W
 step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; rm -f $W/*.png; tar czf $OUT/l3.tgz -C $W .; }
@@ -13,7 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 for round in 1 2; do
   for side in now alt; do
     envs=""; [ $side = alt ] && envs=$ALT
-    step "$side r$round" 70 env $envs BENCH_ROWS="64 128 256" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 --hidden 6144 8192 --vllm-header peers_src --json $W/${side}_r$round.json > $W/${side}_r$round.log 2>&1
+    step "$side r$round" 110 env $envs BENCH_ROWS="64 128 256" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_new --tp 4 --hidden 2880 6144 8192 --vllm-header peers_src --json $W/${side}_r$round.json > $W/${side}_r$round.log 2>&1
     tail -3 $W/${side}_r$round.log | grep -i error
     python3 scripts/fused_pairs_line.py $W/${side}_r$round.json
   done
