@@ -124,9 +124,11 @@ def test_each_target_has_its_table():
     assert plan_all_reduce("sm_90", 4, 48 * MiB) == "2stage"
     assert plan_fused_ar_rms("sm_90", 2, 1, 6144, BF16) == "fused_1stage"
     assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_1stage"      # 96 KiB
-    # the fused two-stage kernel from 2 MiB at TP4 (call F1), H = 2880 included; TP2 never
-    assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_1stage"   # 768 KiB
-    assert plan_fused_ar_rms("sm_90", 4, 256, 2880, BF16) == "fused_1stage"    # 1.4 MiB
+    # the fused two-stage kernel from 768 KiB at TP4 (calls F1, L3), H = 2880 included; TP2 never
+    assert plan_fused_ar_rms("sm_90", 4, 63, 6144, BF16) == "fused_1stage"   # 756 KiB
+    assert plan_fused_ar_rms("sm_90", 4, 64, 6144, BF16) == "fused_2stage"   # 768 KiB
+    assert plan_fused_ar_rms("sm_90", 4, 128, 2880, BF16) == "fused_1stage"    # 720 KiB
+    assert plan_fused_ar_rms("sm_90", 4, 256, 2880, BF16) == "fused_2stage"    # 1.4 MiB
     assert plan_fused_ar_rms("sm_90", 4, 384, 2880, BF16) == "fused_2stage"    # 2.1 MiB
     assert plan_fused_ar_rms("sm_90", 4, 256, 6144, BF16) == "fused_2stage"    # 3 MiB
     assert plan_fused_ar_rms("sm_90", 4, 4096, 8192, BF16) == "fused_2stage"   # 64 MiB

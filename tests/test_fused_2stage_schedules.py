@@ -79,6 +79,13 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
     assert dispatch.fused_2stage_kernel("sm_90", 4, 8192)["V"] == 1  # two rows would spill
     assert dispatch.fused_2stage_kernel("sm_90", 8, 6144) == {"U": 0, "V": 1, "E": 1, "S": 0}
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144)["V"] == 2
+    # one row in flight for a call of up to 256 rows at TP4 (call L3); the same built variant
+    for rows, v in ((64, 1), (256, 1), (257, 2), (None, 2)):
+        assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, rows=rows)["V"] == v
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, rows=64) == {
+        "U": 4, "V": 1, "E": 0, "S": 0}
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 2880, rows=64)["S"] == 1  # split: V = 1
+    assert dispatch.fused_2stage_kernel("sm_90", 2, 6144, rows=64)["V"] == 2  # TP4 only
     # the runtime-H kernel takes the specialized kernel's schedule at its bound: one launch
     # with two rows at MAXH 6144, the whole row ahead at 8192; split only up to 4096
     for maxh, world in ((6144, 2), (6144, 4), (8192, 2), (8192, 4)):
@@ -202,7 +209,7 @@ def test_gather_reads_nothing_while_the_error_record_is_set(error_set):
 
 
 def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
-    """H <= 4096: the split schedule, at TP4 from 2 MiB (the two-stage threshold) and at TP2
+    """H <= 4096: the split schedule, at TP4 from 768 KiB (the two-stage threshold) and at TP2
     from 4 MiB; H = 6144 keeps the one-launch schedule at TP4 and the one-stage kernel at
     TP2; the runtime-H kernel splits where the specialized one does (up to MAXH 4096);
     W = 8 never splits (not measured)."""
@@ -212,7 +219,8 @@ def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
         return path, cx.get("S")
     assert plan(4, 4096, 2880) == ("fused_2stage", 1)
     assert plan(4, 384, 2880) == ("fused_2stage", 1)
-    assert plan(4, 256, 2880) == ("fused_1stage", None)
+    assert plan(4, 256, 2880) == ("fused_2stage", 1)
+    assert plan(4, 128, 2880) == ("fused_1stage", None)
     assert plan(4, 4096, 6144) == ("fused_2stage", 0)
     assert plan(2, 4096, 2880) == ("fused_2stage", 1)
     assert plan(2, 1024, 2880) == ("fused_2stage", 1)
@@ -249,3 +257,20 @@ def test_kernel_variants_imports_first():
         code = (f"import {first}; from peerdsl.runtime import dispatch; "
                 "assert dispatch.fused_2stage_kernel('sm_90', 4, 2880)['S'] == 1")
         subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_communicator_takes_one_row_in_flight_for_few_rows():
+    """The communicator's own launch plan (runtime/fused_launch.py) passes the call's rows,
+    so an sm_90 TP4 build launches V = 1 up to 256 rows and V = 2 beyond, same kernel."""
+    from peerdsl.runtime.built import from_registry
+    from peerdsl.runtime.fused_launch import fused_kernel
+
+    def body(comm):
+        comm.built = from_registry("sm_90")
+        comm.arch = "sm_90"
+        return [fused_kernel(comm, "fused_2stage", rows, 6144, "bf16")[2]
+                for rows in (64, 256, 257, 1024)]
+
+    for plans in peerdsl.sim.run(4, body):
+        assert [cx["V"] for cx in plans] == [1, 1, 2, 2]
+        assert all(cx["U"] == 4 and cx["S"] == 0 for cx in plans)

@@ -12,8 +12,11 @@ vs 32.9 at 256; H=8192 likewise), and on 2026-12-03 it also won from 384 to 4096
 runs (TP4 H=6144: 40.1 vs 44.1 us at 384 rows, 87.9 vs 97.9 at 1024, 311.7 vs 342.3 at 4096).
 Then the two-stage kernel got its sm_90 schedules (runtime/kernel_variants.py
 `FUSED_2STAGE`: more shard packs and rows in flight), and in call F1 it won at TP4 from
-2 MiB (H 2880/6144/8192), so sm_90's fused entry takes it from there, H = 2880 included
-(`fused_two_stage_min_hidden`). Up to H = 4096 its schedule is split (stage 1, then a
+2 MiB (H 2880/6144/8192), so sm_90's fused entry took it from there, H = 2880 included
+(`fused_two_stage_min_hidden`). Call L3 (2026-12-06, TP4, twice interleaved) moved that to
+768 KiB: with V = 1 row in flight up to 256 rows (runtime/kernel_variants.py) it beat the
+one-stage kernel at 64-256 rows (H = 6144 64 rows 10.9 / 12.5 us against 13.4 / 12.6, 128
+rows 14.0 / 14.0 against 17.8 / 17.7; H = 2880 256 rows 17.9 / 17.1 against 19.4 / 20.0). Up to H = 4096 its schedule is split (stage 1, then a
 gather launch of its own grid), which in call G4 also won at TP2 from 1024 rows (H = 2880),
 so there the fused entry takes it from 4 MiB (`fused_split_min_bytes`). Every threshold has
 a `PEERDSL_*` environment override, read at each call.
@@ -77,9 +80,10 @@ TABLES = {
     # fused_two_stage_*: call F1 (2026-12-03, RESULTS.md), TP4, the two-stage kernel with
     # U=4 and V=2 rows (V=1 at 8192) beat the one-stage one from 384 rows at H=2880 (26.9 vs
     # 30.1 us), from 256 rows at 6144 (2048: 146.8 vs 169.2) and at 8192 (256: 36.3 vs
-    # 38.2; 4096: 372.0 vs 404.7), and lost below (6144 at 64 rows: 14.3 vs 13.1)
+    # 38.2; 4096: 372.0 vs 404.7); with V = 1 up to 256 rows it also wins from 768 KiB
+    # (call L3, 2026-12-06: H = 6144 and 8192 from 64 rows, 2880 at 256 rows)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
-                        fused_two_stage_min_bytes=2 * MiB, fused_two_stage_min_hidden=2048,
+                        fused_two_stage_min_bytes=768 << 10, fused_two_stage_min_hidden=2048,
                         two_stage_min_bytes=32 * MiB, fused_split_min_bytes=4 * MiB),
 }
 

@@ -32,7 +32,8 @@ def _plan(comm: Any, path: str, rows: int, hidden: int, T: Any
     cx = {"T": T, rk.size_key: rk.size, "W": comm.world, "FP8": comm.fp8_format}
     name, per_block = rk.name, 1
     if path == "fused_2stage":
-        cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size, rk.runtime_h))
+        cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size, rk.runtime_h,
+                                              rows))
     elif not rk.runtime_h:
         v = dispatch.fused_1stage_rows(comm.arch, comm.world, rows, hidden, comm.max_grid)
         if v > 1 and comm.built.has(ROWS_OP, H=hidden, W=comm.world, V=v):

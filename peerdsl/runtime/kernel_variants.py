@@ -94,17 +94,21 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # 8192 while its one-launch schedule held fewer rows and packs ahead than the specialized
 # one's, 1.12-1.18x of it in call G5; its predicated slot reads, ops/_row_slots.py slot_pack,
 # now fit the specialized schedules without spilling: 1.00-1.03x of them in call H5).
+# V1_max_rows: a call of at most this many rows takes V = 1 (call L3, 2026-12-06, TP4: the
+# two-stage kernel from 64 rows, where V = 1 beat V = 2 in the J2 and L2 sweeps and in L3,
+# H = 6144 256 rows 30.7 / 31.0 us against 32.3 / 32.5; at 1024 rows V = 2 was 2-4% ahead).
 _SM90_FUSED = {"U": 4, "V": 2, "E": 0}
 _SM90_SPLIT = {**_SM90_FUSED, "split_max_hidden": 4096}
 FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {
-    "sm_90": {2: _SM90_SPLIT, 4: _SM90_SPLIT, 8: _SM90_FUSED}}
+    "sm_90": {2: _SM90_SPLIT, 4: {**_SM90_SPLIT, "V1_max_rows": 256}, 8: _SM90_FUSED}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
 
 
-def fused_2stage_kernel(arch: str, world: int, hidden: int,
-                        runtime_h: bool = False) -> dict[str, int]:
+def fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool = False,
+                        rows: int | None = None) -> dict[str, int]:
     """The constexprs beyond T, H/MAXH, W and FP8 of the fused two-stage kernel:
-    `FUSED_2STAGE`'s schedule, with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS,
+    `FUSED_2STAGE`'s schedule (V = 1 for a call of at most its `V1_max_rows` rows, where
+    `rows` is given), with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS,
     PEERDSL_FUSED_END_BARRIER and PEERDSL_FUSED_SPLIT overriding U, V, E and S (a schedule
     that is not built fails at launch, naming the built ones). S = 1: the kernel does stage
     1 only and the caller launches ops/fused_ar_rms_gather.py after it. `hidden` is the
@@ -112,8 +116,10 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int,
     capped where V rows would not fit the registers (ops/fused_ar_rms_2stage.py
     `fitted_schedule`)."""
     from .dispatch import _cached, _env_key
-    return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, _env_key()),
-                   lambda: _fused_2stage_kernel(arch, world, hidden))
+    few = rows is not None and rows <= FUSED_2STAGE.get(arch, {}).get(world, {}).get(
+        "V1_max_rows", 0)
+    return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, few, _env_key()),
+                   lambda: _fused_2stage_kernel(arch, world, hidden, few))
 
 
 def fused_2stage_splits(arch: str, world: int, hidden: int) -> bool:
@@ -121,11 +127,14 @@ def fused_2stage_splits(arch: str, world: int, hidden: int) -> bool:
     return hidden <= FUSED_2STAGE.get(arch, {}).get(world, {}).get("split_max_hidden", 0)
 
 
-def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
+def _fused_2stage_kernel(arch: str, world: int, hidden: int, few_rows: bool = False
+                         ) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import SPLIT_UNROLL, fitted_schedule
     from .dispatch import _FUSED_ENV, _env_ints
     table = FUSED_2STAGE.get(arch, {}).get(world, {})
     cx = {k: v for k, v in table.items() if k in ("U", "V", "E")}
+    if cx and few_rows:
+        cx["V"] = 1
     if cx:
         if fused_2stage_splits(arch, world, hidden):
             cx.update(U=SPLIT_UNROLL, V=1, S=1)  # the split variant's build (schedules())
@@ -156,8 +165,11 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int) -> dict[str, int]:
 # one after the other. V = 2 ran on the H200 (call I2, RESULTS.md: the runtime proof, and
 # 1.04-1.18x at 7 of 10 cells, within the run-to-run spread); V = 4 (H = 2880) is built and
 # simulator-tested but not yet measured there, so it is taken only when forced
-# (PEERDSL_FUSED_1STAGE_ROWS=4).
-FUSED_1STAGE_ROWS: dict[str, int] = {"sm_90": 2}
+# (PEERDSL_FUSED_1STAGE_ROWS=4). Per world size: at TP4 the plain kernel was faster in 9 of
+# 10 cells of the J2 sweeps (64-256 rows) and in call L3 (2026-12-06, H = 2880 64 rows 9.3 /
+# 9.7 us against 10.6-12.9, 128 rows 12.4 / 12.0 against 12.8-14.1), so TP4 takes none; at
+# TP2 V = 2 was 2-6% ahead from 1024 rows (J2, L2) and even at 128-256.
+FUSED_1STAGE_ROWS: dict[str, dict[int, int]] = {"sm_90": {2: 2}}
 
 
 def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: int) -> int:
@@ -171,6 +183,7 @@ def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: i
     from ..ops.fused_ar_rms_1stage import rows_in_flight
     from .dispatch import _ROWS_ENV, _env_ints
     built = rows_in_flight(hidden, world) if arch in FUSED_1STAGE_ROWS else ()
+    most = FUSED_1STAGE_ROWS.get(arch, {}).get(world, 1)
     forced = _env_ints({"V": _ROWS_ENV}).get("V")
     if forced is not None:
         if forced != 1 and forced not in built:
@@ -178,7 +191,7 @@ def fused_1stage_rows(arch: str, world: int, rows: int, hidden: int, max_grid: i
                              f"V in {[1, *built]} rows per iteration for H={hidden}, "
                              f"W={world} on {arch}")
         return forced
-    picks = [v for v in built if v <= FUSED_1STAGE_ROWS.get(arch, 1)]
+    picks = [v for v in built if v <= most]
     need = -(-rows // max(1, max_grid))  # rows per block in one iteration
     if need <= 1 or not picks:
         return 1
