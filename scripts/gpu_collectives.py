@@ -26,10 +26,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# (64, 6144) and (201, 2880) at TP4, (101, 2880) at TP2: the fused one-stage kernel with two
-# rows per block iteration (more rows than the 33 / 66 blocks of a rank under MPS), the last
-# iteration partial
-SHAPES = {4: [(16, 6144), (4, 2880), (64, 6144), (201, 2880), (384, 6144), (1024, 6144),
+# (101, 2880) at TP2: the fused one-stage kernel with two rows per block iteration (more
+# rows than the 66 blocks of a rank under MPS), the last iteration partial; at TP4 (100,
+# 2880) takes the plain one-stage kernel with more rows than its 33 blocks, (64, 6144) and
+# (256, 6144) the two-stage kernel with one row in flight, (201, 2880) its split form
+SHAPES = {4: [(16, 6144), (4, 2880), (64, 6144), (100, 2880), (201, 2880), (256, 6144),
+              (384, 6144), (1024, 6144),
               (2730, 6144), (2800, 6144), (5400, 6144), (1024, 7168), (512, 8192),
               (1024, 4096), (1024, 2880)],
           2: [(16, 6144), (101, 2880), (384, 6144), (1024, 6144), (1024, 4096), (1024, 2880),
