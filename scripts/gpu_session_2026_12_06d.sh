@@ -13,6 +13,6 @@ for round in 1 2; do
   tail -3 $W/item2_r$round.log | grep -i error
   python3 scripts/fused_pairs_line.py $W/item2_r$round.json
 done
-step "collectives" 90 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_new --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
+step "collectives" 120 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_new --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
 tail -3 $W/collectives.log | cut -c1-300
 true
