@@ -120,8 +120,11 @@ def test_each_target_has_its_table():
     assert plan_fused_ar_rms("gfx942", 4, 16, 6144, BF16) == "ll+rmsnorm"
     # sm_90: the plain all-reduce takes LL up to 128 KiB, the fused entry never (measured)
     assert plan_all_reduce("sm_90", 4, 96 << 10) == "ll"
-    assert plan_all_reduce("sm_90", 4, 192 << 10) == "1stage"   # two-stage from 32 MiB
-    assert plan_all_reduce("sm_90", 4, 48 * MiB) == "2stage"
+    assert plan_all_reduce("sm_90", 4, 192 << 10) == "1stage"
+    # one-stage up to the 64 MiB custom cap (call L6)
+    assert plan_all_reduce("sm_90", 4, 48 * MiB) == "1stage"
+    assert plan_all_reduce("sm_90", 4, 64 * MiB) == "1stage"
+    assert plan_all_reduce("sm_90", 4, 65 * MiB) == "fallback"
     assert plan_fused_ar_rms("sm_90", 2, 1, 6144, BF16) == "fused_1stage"
     assert plan_fused_ar_rms("sm_90", 4, 8, 6144, BF16) == "fused_1stage"      # 96 KiB
     # the fused two-stage kernel from 768 KiB at TP4 (calls F1, L3), H = 2880 included; TP2 never

@@ -74,9 +74,12 @@ TABLES = {
     "gfx1250": Thresholds(),
     "gfx950": Thresholds(),
     "gfx942": Thresholds(),
-    # two_stage_min_bytes: provisional (vLLM's kernels under MPS on the H200 crossed over
-    # between 2048 and 4096 rows at TP4, H=6144, BASELINES.md); `bench_ar_rms.py
-    # --ar-variants` measures ours and prints the crossover to put here
+    # two_stage_min_bytes: the one-stage all-reduce up to the 64 MiB custom cap. The
+    # two-stage kernel won at no row count measured: at TP4, H = 6144 x 4096 rows (48 MiB)
+    # the two tied on the H200 (2026-12-03: 144.4 / 142.0 us), and on the H100 of call L6
+    # (2026-12-06, twice interleaved) the one-stage kernel took 168.6 / 174.5 against 191.2
+    # / 192.0 (vLLM 180-184); at 8192 x 4096 223.2 / 225.1 against 251.9 / 257.2 (vLLM
+    # 240-246); 8192 x 2048 tied. So two-stage only past that cap, where nothing was measured
     # fused_two_stage_*: call F1 (2026-12-03, RESULTS.md), TP4, the two-stage kernel with
     # U=4 and V=2 rows (V=1 at 8192) beat the one-stage one from 384 rows at H=2880 (26.9 vs
     # 30.1 us), from 256 rows at 6144 (2048: 146.8 vs 169.2) and at 8192 (256: 36.3 vs
@@ -84,7 +87,7 @@ TABLES = {
     # (call L3, 2026-12-06: H = 6144 and 8192 from 64 rows, 2880 at 256 rows)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=768 << 10, fused_two_stage_min_hidden=2048,
-                        two_stage_min_bytes=32 * MiB, fused_split_min_bytes=4 * MiB),
+                        two_stage_min_bytes=128 * MiB, fused_split_min_bytes=4 * MiB),
 }
 
 _ENV = {
