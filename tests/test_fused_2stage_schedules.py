@@ -4,6 +4,8 @@ iterations (rows not a multiple of grid x V, block work not a multiple of 256 x 
 target builds exactly the schedules dispatch may pick."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -67,8 +69,10 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
     for op, key in (("fused_ar_rms_2stage", "H"), ("fused_ar_rms_2stage_runtime_h", "MAXH")):
         built = [v for v in ops[op].variants(get_target("sm_90")) if str(v["T"]) == "bf16"]
         assert len(built) > 20
-        for size, world in {(v[key], v["W"]) for v in built}:
-            cx = dispatch.fused_2stage_kernel("sm_90", world, size, key == "MAXH")
+        # rows 64: a call with one row in flight where the world's schedule says so
+        for (size, world), rows in itertools.product({(v[key], v["W"]) for v in built},
+                                                     (None, 64)):
+            cx = dispatch.fused_2stage_kernel("sm_90", world, size, key == "MAXH", rows)
             query = {key: size, "W": world, **cx}
             hits = [v for v in built if all(k in v and v[k] == q for k, q in query.items())]
             assert len(hits) == 1, (op, query, hits)
