@@ -1,6 +1,10 @@
 """One rank's one-/two-stage all-reduce kernel (or the fused one-stage kernel: `--path
 fused1`) with its peers' barrier arrivals written in advance: a launch Nsight Compute can
-profile, and a timing without barrier waits.
+profile, and a timing without barrier waits. `--path gather` runs the split fused two-stage
+path's second launch (ops/fused_ar_rms_gather.py), which waits for no peer: the peers'
+staging holds their reduced column shards (`gather_staging`), its grid one block per row.
+`--path norm` runs add_rmsnorm on the all-reduced rows: the same bytes as the gather, read
+from one buffer instead of W shards.
 
     PYTHONPATH=. python3 benchmarks/ncu_ar_one_rank.py --build build --path 2stage --world 4 \
         --rows 1024 --unroll 4 --block 256                     # time it (CUDA graph)
@@ -49,10 +53,19 @@ def prefill(sig, rank: int, world: int, grid: int, torch) -> None:
                 slots[base + b * layout.MAX_RANKS + p] = word
 
 
+def gather_staging(all_reduced, world: int) -> list:
+    """Every rank's staging as the split fused kernel's stage 1 leaves it: rank p's holds
+    column shard p of every row of the all-reduced rows, row after row."""
+    rows, hidden = all_reduced.shape
+    shards = all_reduced.view(rows, world, hidden // world)
+    return [shards[:, p].contiguous() for p in range(world)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--path", choices=["1stage", "2stage", "fused1"], default="2stage")
+    ap.add_argument("--path", choices=["1stage", "2stage", "fused1", "gather", "norm"],
+                    default="2stage")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--rows", type=int, default=1024)
@@ -71,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     from peerdsl.runtime.cuda.loader import CudaLoader
     W, dev = args.world, torch.device("cuda:0")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    fused = args.path == "fused1"
-    if fused:
+    fused = args.path in ("fused1", "gather", "norm")
+    local = args.path in ("gather", "norm")  # no barrier: one block per row
+    if local:
+        V, name = 1, {"gather": "fused_ar_rms_gather", "norm": "add_rmsnorm"}[args.path]
+        cx = {"T": "bf16", "H": args.hidden, **({"W": W} if args.path == "gather" else {})}
+    elif fused:
         from peerdsl.runtime.kernel_variants import fused_1stage_rows
         V = fused_1stage_rows("sm_90", W, args.rows, args.hidden, sms // W)
         cx = {"T": "bf16", "H": args.hidden, "W": W, **({"V": V} if V > 1 else {})}
@@ -89,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = xs[0].float()
     for x in xs[1:]:
         ref = ref + x.float()
-    ref = ref.to(torch.bfloat16).to(dev)
+    ref = all_reduced = ref.to(torch.bfloat16).to(dev)
     if fused:  # what the kernel's residual_out holds: T(f32(ar) + f32(residual))
         residual = torch.randn(args.rows, args.hidden, generator=g).to(torch.bfloat16).to(dev)
         weight = (torch.rand(args.hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
@@ -102,9 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     per_block = V if fused else args.block * args.unroll
     grid = args.grid or max(1, min(-(-(args.rows if fused else work) // per_block), sms // W,
                                    layout.MAX_BLOCKS))
-    # staging of every rank: its reduced shard (what its stage 1 writes), contiguous packs
-    shards = ref.view(-1).view(W, -1) if args.path == "2stage" else None
-    staging = [shards[p].clone() for p in range(W)] if shards is not None else []
+    if local:  # one block per row, as the communicator launches them
+        grid = args.grid or min(args.rows, 65535)
+    # staging of every rank: what its stage 1 writes (two-stage: its reduced shard,
+    # contiguous packs; gather: see gather_staging)
+    staging = {"2stage": lambda: [t.clone() for t in ref.view(-1).view(W, -1)],
+               "gather": lambda: gather_staging(all_reduced, W)}.get(args.path, list)()
     scratch = [torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32, device=dev)
                for _ in range(W)]  # what the fake peers' Signals receive
     ranks = list(range(W)) if args.all_ranks else [args.rank]
@@ -119,6 +139,15 @@ def main(argv: list[str] | None = None) -> int:
         if fused:  # outs[r] is residual_out; out is the normed row (not checked)
             a.update(out=torch.empty_like(ref), residual_out=outs[r], residual=residual,
                      weight=weight, q=0, scale=0, rows=args.rows, eps=1e-6, flags=0)
+        if args.path == "gather":  # reads the staging, not the inputs
+            del a["inp"], a["call"]
+            a["staging"] = [t.data_ptr() for t in staging]
+        elif args.path == "norm":  # reads the all-reduced rows; no Signal
+            for k in ("inp", "call", "sig", "rank"):
+                del a[k]
+            a["x"] = all_reduced
+        elif fused:
+            pass
         elif args.path == "2stage":
             a.update(staging=[t.data_ptr() for t in staging], shard_packs=work)
         else:
@@ -164,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     total, memset = timed(True), timed(False)
     # one-stage: W packs read per pack written; two-stage: stage 1 reads W and writes 1 per
-    # shard pack, stage 2 reads W and writes W
+    # shard pack, stage 2 reads W and writes W; gather: staging and residual read, out and
+    # residual_out written
     moved = {"1stage": (W + 1) * packs, "2stage": (3 * W + 1) * work,
-             "fused1": (W + 3) * packs}[args.path] * 16
+             "fused1": (W + 3) * packs, "gather": 4 * packs, "norm": 4 * packs}[args.path] * 16
     print(f"{what}: exact; {total:.1f} us per call with the epoch reset, {memset:.1f} us "
           f"the reset alone, so ~{total - memset:.1f} us the kernel(s); "
           f"{moved * len(ranks) / max(1e-9, total - memset) / 1e6:.2f} TB/s of its reads + "

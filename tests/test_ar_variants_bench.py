@@ -112,6 +112,41 @@ def test_one_rank_harness_prefill_lets_the_fused_one_stage_kernel_run_alone():
     assert torch.equal(got, want)
 
 
+def test_one_rank_harness_gather_staging_is_what_stage_one_leaves():
+    """`--path gather`'s premise: with every rank's staging as `gather_staging` lays it out
+    (rank p: column shard p of each all-reduced row), the split path's gather kernel alone
+    gives the residual_out of the whole fused call, and its error record stays clear."""
+    from peerdsl.ops.fused_ar_rms_gather import fused_ar_rms_gather
+    from peerdsl.ops._row_slots import norm_min_blocks
+    ncu = _bench_module("ncu_ar_one_rank")
+    W, rank, rows, H = 4, 3, 5, 2880
+    xs = [x.view(rows, H) for x in _inputs(W, rows * H, 11)]
+    residual = _inputs(1, rows * H, 12)[0].view(rows, H)
+    reduced = all_reduce_ref(xs).view(rows, H)
+    want = (reduced.float() + residual.float()).to(BF16)
+
+    def body(comm):
+        staging = [comm.to_device(t) for t in ncu.gather_staging(reduced, W)]
+        sig = comm.to_device(torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32))
+        res_out = comm.alloc((rows, H), BF16)
+        args = {"staging": [t.addr for t in staging], "residual": comm.to_device(residual),
+                "weight": comm.to_device(torch.ones(H, dtype=BF16)),
+                "out": comm.alloc((rows, H), BF16), "residual_out": res_out, "q": 0,
+                "scale": 0, "sig": [sig.addr] * W, "rank": rank, "rows": rows, "eps": 1e-6,
+                "flags": 0}
+        t = get_target("sm_90")
+        cx = {"T": dsl.bf16, "H": H, "W": W, "FP8": t.fp8_format, "R": t.row_reads_ahead,
+              "M": norm_min_blocks(H)}
+        comm.launch_local(fused_ar_rms_gather, cx, rows, args)
+        err = comm.to_torch(sig.addr + 4 * layout.SIG_ERROR, (layout.ERROR_WORDS,), torch.int32)
+        return comm.to_torch(res_out, (rows, H), BF16), err
+
+    (got, err), = peerdsl.sim.run(1, body, seed=4, target="sm_90",
+                                  comm_cls=peerdsl.sim.SimCommunicator)
+    assert err.tolist() == [0] * layout.ERROR_WORDS
+    assert torch.equal(got, want)
+
+
 def test_sweep_configs_cover_the_build_and_the_table():
     V = _bench_module("bench_ar_variants")
     t = get_target("sm_90")
