@@ -84,6 +84,22 @@ def test_one_rank_harness_prefill_lets_a_rank_run_alone(path, U):
     assert all(torch.equal(g, ref) for g in got)
 
 
+def _norm_kernel_alone(comm, kernel, cx, grid, args, sig_addr, residual):
+    """Launch one rank's norm-family kernel (sm_90 build constexprs plus `cx`) with `args`
+    completed by the row arguments (weight 1): its residual_out and its Signal's error
+    record."""
+    rows, H = residual.shape
+    res_out = comm.alloc((rows, H), BF16)
+    args.update(residual=comm.to_device(residual), weight=comm.to_device(torch.ones(H, dtype=BF16)),
+                out=comm.alloc((rows, H), BF16), residual_out=res_out, q=0, scale=0, rows=rows,
+                eps=1e-6, flags=0)
+    t = get_target("sm_90")
+    comm.launch_local(kernel, {"T": dsl.bf16, "H": H, "FP8": t.fp8_format,
+                               "R": t.row_reads_ahead, **cx}, grid, args)
+    err = comm.to_torch(sig_addr + 4 * layout.SIG_ERROR, (layout.ERROR_WORDS,), torch.int32)
+    return comm.to_torch(res_out, (rows, H), BF16), err
+
+
 def test_one_rank_harness_prefill_lets_the_fused_one_stage_kernel_run_alone():
     """The same premise for `--path fused1`: fused_ar_rms_1stage has the same two barriers."""
     from peerdsl.ops.fused_ar_rms_1stage import fused_ar_rms_1stage
@@ -91,20 +107,12 @@ def test_one_rank_harness_prefill_lets_the_fused_one_stage_kernel_run_alone():
     W, rank, grid, rows, H = 4, 1, 3, 5, 2880
     xs = [x.view(rows, H) for x in _inputs(W, rows * H, 9)]
     residual = _inputs(1, rows * H, 10)[0].view(rows, H)
-    weight = torch.ones(H, dtype=BF16)
     want = (all_reduce_ref(xs).float() + residual.float()).to(BF16)
 
     def body(comm):
         own, args = _one_rank_args(comm, ncu, xs, rank, grid)
-        res_out = comm.alloc((rows, H), BF16)
-        args.update(residual=comm.to_device(residual), weight=comm.to_device(weight),
-                    out=comm.alloc((rows, H), BF16), residual_out=res_out, q=0, scale=0,
-                    rows=rows, eps=1e-6, flags=0)
-        t = get_target("sm_90")
-        cx = {"T": dsl.bf16, "H": H, "W": W, "FP8": t.fp8_format, "R": t.row_reads_ahead}
-        comm.launch_local(fused_ar_rms_1stage, cx, grid, args)
-        err = comm.to_torch(own.addr + 4 * layout.SIG_ERROR, (layout.ERROR_WORDS,), torch.int32)
-        return comm.to_torch(res_out, (rows, H), BF16), err
+        return _norm_kernel_alone(comm, fused_ar_rms_1stage, {"W": W}, grid, args, own.addr,
+                                  residual)
 
     (got, err), = peerdsl.sim.run(1, body, seed=3, target="sm_90",
                                   comm_cls=peerdsl.sim.SimCommunicator)
@@ -128,18 +136,9 @@ def test_one_rank_harness_gather_staging_is_what_stage_one_leaves():
     def body(comm):
         staging = [comm.to_device(t) for t in ncu.gather_staging(reduced, W)]
         sig = comm.to_device(torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32))
-        res_out = comm.alloc((rows, H), BF16)
-        args = {"staging": [t.addr for t in staging], "residual": comm.to_device(residual),
-                "weight": comm.to_device(torch.ones(H, dtype=BF16)),
-                "out": comm.alloc((rows, H), BF16), "residual_out": res_out, "q": 0,
-                "scale": 0, "sig": [sig.addr] * W, "rank": rank, "rows": rows, "eps": 1e-6,
-                "flags": 0}
-        t = get_target("sm_90")
-        cx = {"T": dsl.bf16, "H": H, "W": W, "FP8": t.fp8_format, "R": t.row_reads_ahead,
-              "M": norm_min_blocks(H)}
-        comm.launch_local(fused_ar_rms_gather, cx, rows, args)
-        err = comm.to_torch(sig.addr + 4 * layout.SIG_ERROR, (layout.ERROR_WORDS,), torch.int32)
-        return comm.to_torch(res_out, (rows, H), BF16), err
+        args = {"staging": [t.addr for t in staging], "sig": [sig.addr] * W, "rank": rank}
+        return _norm_kernel_alone(comm, fused_ar_rms_gather, {"W": W, "M": norm_min_blocks(H)},
+                                  rows, args, sig.addr, residual)
 
     (got, err), = peerdsl.sim.run(1, body, seed=4, target="sm_90",
                                   comm_cls=peerdsl.sim.SimCommunicator)
