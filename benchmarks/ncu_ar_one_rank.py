@@ -123,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         grid = args.grid or min(args.rows, 65535)
     # staging of every rank: what its stage 1 writes (two-stage: its reduced shard,
     # contiguous packs; gather: see gather_staging)
-    staging = {"2stage": lambda: [t.clone() for t in ref.view(-1).view(W, -1)],
-               "gather": lambda: gather_staging(all_reduced, W)}.get(args.path, list)()
+    staging = []
+    if args.path == "2stage":
+        staging = [t.clone() for t in ref.view(-1).view(W, -1)]
+    elif args.path == "gather":
+        staging = gather_staging(all_reduced, W)
     scratch = [torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32, device=dev)
                for _ in range(W)]  # what the fake peers' Signals receive
     ranks = list(range(W)) if args.all_ranks else [args.rank]
@@ -147,11 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("inp", "call", "sig", "rank"):
                 del a[k]
             a["x"] = all_reduced
-        elif fused:
-            pass
         elif args.path == "2stage":
             a.update(staging=[t.data_ptr() for t in staging], shard_packs=work)
-        else:
+        elif args.path == "1stage":
             a["n_packs"] = packs
         launch_args[r] = a
     streams = {r: torch.cuda.Stream(dev) for r in ranks}

@@ -16,8 +16,8 @@ Then the two-stage kernel got its sm_90 schedules (runtime/kernel_variants.py
 (`fused_two_stage_min_hidden`). Call L3 (2026-12-06, TP4, twice interleaved) moved that to
 768 KiB: with V = 1 row in flight up to 256 rows (runtime/kernel_variants.py) it beat the
 one-stage kernel at 64-256 rows (H = 6144 64 rows 10.9 / 12.5 us against 13.4 / 12.6, 128
-rows 14.0 / 14.0 against 17.8 / 17.7; H = 2880 256 rows 17.9 / 17.1 against 19.4 / 20.0). Up to H = 4096 its schedule is split (stage 1, then a
-gather launch of its own grid), which in call G4 also won at TP2 from 1024 rows (H = 2880),
+rows 14.0 / 14.0 against 17.8 / 17.7; H = 2880 256 rows 17.9 / 17.1 against 19.4 / 20.0).
+Up to H = 4096 its schedule is split (stage 1, then a gather launch of its own grid), which in call G4 also won at TP2 from 1024 rows (H = 2880),
 so there the fused entry takes it from 4 MiB (`fused_split_min_bytes`). Every threshold has
 a `PEERDSL_*` environment override, read at each call.
 

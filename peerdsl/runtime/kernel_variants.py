@@ -116,26 +116,29 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool = Fa
     capped where V rows would not fit the registers (ops/fused_ar_rms_2stage.py
     `fitted_schedule`)."""
     from .dispatch import _cached, _env_key
-    few = rows is not None and rows <= FUSED_2STAGE.get(arch, {}).get(world, {}).get(
-        "V1_max_rows", 0)
+    few = rows is not None and rows <= _schedule(arch, world).get("V1_max_rows", 0)
     return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, few, _env_key()),
                    lambda: _fused_2stage_kernel(arch, world, hidden, few))
 
 
 def fused_2stage_splits(arch: str, world: int, hidden: int) -> bool:
     """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for H (or MAXH) `hidden`."""
-    return hidden <= FUSED_2STAGE.get(arch, {}).get(world, {}).get("split_max_hidden", 0)
+    return hidden <= _schedule(arch, world).get("split_max_hidden", 0)
+
+
+def _schedule(arch: str, world: int) -> dict[str, int]:
+    return FUSED_2STAGE.get(arch, {}).get(world, {})
 
 
 def _fused_2stage_kernel(arch: str, world: int, hidden: int, few_rows: bool = False
                          ) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import SPLIT_UNROLL, fitted_schedule
     from .dispatch import _FUSED_ENV, _env_ints
-    table = FUSED_2STAGE.get(arch, {}).get(world, {})
+    table = _schedule(arch, world)
     cx = {k: v for k, v in table.items() if k in ("U", "V", "E")}
-    if cx and few_rows:
-        cx["V"] = 1
     if cx:
+        if few_rows:
+            cx["V"] = 1
         if fused_2stage_splits(arch, world, hidden):
             cx.update(U=SPLIT_UNROLL, V=1, S=1)  # the split variant's build (schedules())
         cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"])
