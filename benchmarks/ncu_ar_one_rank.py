@@ -4,7 +4,9 @@ profile, and a timing without barrier waits. `--path gather` runs the split fuse
 path's second launch (ops/fused_ar_rms_gather.py), which waits for no peer: the peers'
 staging holds their reduced column shards (`gather_staging`), its grid one block per row.
 `--path norm` runs add_rmsnorm on the all-reduced rows: the same bytes as the gather, read
-from one buffer instead of W shards.
+from one buffer instead of W shards; `--path triton` the Triton add + RMSNorm of
+bench_ar_rms.py (the pair's norm) on them. `--cx B=384 M=4` picks a built variant by more
+constexprs (scripts/norm_block_probe_build.py builds several thread mappings).
 
     PYTHONPATH=. python3 benchmarks/ncu_ar_one_rank.py --build build --path 2stage --world 4 \
         --rows 1024 --unroll 4 --block 256                     # time it (CUDA graph)
@@ -61,10 +63,22 @@ def gather_staging(all_reduced, world: int) -> list:
     return [shards[:, p].contiguous() for p in range(world)]
 
 
+class TritonNorm:
+    """The Triton add + RMSNorm behind a launch(grid, args, stream) like a loaded kernel's."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def launch(self, grid: int, a: dict, stream) -> None:
+        import torch
+        with torch.cuda.stream(stream):
+            self.run(a["x"], a["residual"], a["weight"], a["out"], a["residual_out"], a["eps"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--path", choices=["1stage", "2stage", "fused1", "gather", "norm"],
+    ap.add_argument("--path", choices=["1stage", "2stage", "fused1", "gather", "norm", "triton"],
                     default="2stage")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--rank", type=int, default=0)
@@ -77,17 +91,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-graph", action="store_true", help="plain launches (for ncu)")
     ap.add_argument("--launches", type=int, default=3, help="plain launches with --no-graph")
     ap.add_argument("--all-ranks", action="store_true", help="every rank at once, one stream each")
+    ap.add_argument("--cx", nargs="*", default=[], metavar="KEY=INT",
+                    help="more constexprs naming the variant (e.g. B=384 M=4)")
     args = ap.parse_args(argv)
+    extra = {k: int(v) for k, v in (c.split("=", 1) for c in args.cx)}
 
     import torch
 
     from peerdsl.runtime.cuda.loader import CudaLoader
     W, dev = args.world, torch.device("cuda:0")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    fused = args.path in ("fused1", "gather", "norm")
-    local = args.path in ("gather", "norm")  # no barrier: one block per row
+    fused = args.path in ("fused1", "gather", "norm", "triton")
+    local = args.path in ("gather", "norm", "triton")  # no barrier: one block per row
     if local:
-        V, name = 1, {"gather": "fused_ar_rms_gather", "norm": "add_rmsnorm"}[args.path]
+        V, name = 1, {"gather": "fused_ar_rms_gather", "norm": "add_rmsnorm",
+                      "triton": "add_rmsnorm"}[args.path]
         cx = {"T": "bf16", "H": args.hidden, **({"W": W} if args.path == "gather" else {})}
     elif fused:
         from peerdsl.runtime.kernel_variants import fused_1stage_rows
@@ -99,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         cx = {"T": "bf16", "W": W, "U": args.unroll, "B": args.block}
         if args.path == "2stage":
             cx["E"] = 0
-    kernel = CudaLoader(os.path.join(args.build, "sm_90", "manifest.json")).kernel(name, **cx)
+    cx.update(extra)
+    if args.path == "triton":  # the same arguments, through Triton's launch
+        from benchmarks.bench_ar_rms import triton_add_rmsnorm
+        kernel = TritonNorm(triton_add_rmsnorm())
+    else:
+        kernel = CudaLoader(os.path.join(args.build, "sm_90", "manifest.json")).kernel(name,
+                                                                                    **cx)
     g = torch.Generator().manual_seed(7)
     xs = [(torch.randn(args.rows, args.hidden, generator=g) * (r + 1)).to(torch.bfloat16)
           for r in range(W)]
@@ -146,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.path == "gather":  # reads the staging, not the inputs
             del a["inp"], a["call"]
             a["staging"] = [t.data_ptr() for t in staging]
-        elif args.path == "norm":  # reads the all-reduced rows; no Signal
+        elif args.path in ("norm", "triton"):  # reads the all-reduced rows; no Signal
             for k in ("inp", "call", "sig", "rank"):
                 del a[k]
             a["x"] = all_reduced
@@ -198,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     # shard pack, stage 2 reads W and writes W; gather: staging and residual read, out and
     # residual_out written
     moved = {"1stage": (W + 1) * packs, "2stage": (3 * W + 1) * work,
-             "fused1": (W + 3) * packs, "gather": 4 * packs, "norm": 4 * packs}[args.path] * 16
+             "fused1": (W + 3) * packs, "gather": 4 * packs, "norm": 4 * packs,
+             "triton": 4 * packs}[args.path] * 16
     print(f"{what}: exact; {total:.1f} us per call with the epoch reset, {memset:.1f} us "
           f"the reset alone, so ~{total - memset:.1f} us the kernel(s); "
           f"{moved * len(ranks) / max(1e-9, total - memset) / 1e6:.2f} TB/s of its reads + "

@@ -72,8 +72,10 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
         # rows 64: a call with one row in flight where the world's schedule says so
         for (size, world), rows in itertools.product({(v[key], v["W"]) for v in built},
                                                      (None, 64)):
-            cx = dispatch.fused_2stage_kernel("sm_90", world, size, key == "MAXH", rows)
-            query = {key: size, "W": world, **cx}
+            threads = {v["B"] for v in built if v[key] == size}.pop()  # one B a size
+            cx = dispatch.fused_2stage_kernel("sm_90", world, size, key == "MAXH", rows,
+                                              threads)
+            query = {key: size, "W": world, "B": threads, **cx}
             hits = [v for v in built if all(k in v and v[k] == q for k, q in query.items())]
             assert len(hits) == 1, (op, query, hits)
             want = (int(split) if split is not None
@@ -112,9 +114,13 @@ def test_sm90_schedules_dispatch_picks_do_not_spill(W):
         for size in sizes:
             if key == "H" and (size // 8) % W:
                 continue
-            cx = dispatch.fused_2stage_kernel("sm_90", W, size, key == "MAXH")
-            ck = peerdsl.compile(ops[op].kernel, "sm_90", T="bf16", **{key: size}, W=W,
-                                 FP8="e4m3fn", R=4, **cx)
+            built = [v for v in ops[op].variants(get_target("sm_90"))
+                     if v[key] == size and v["W"] == W and str(v["T"]) == "bf16"]
+            threads = built[0]["B"]
+            cx = dispatch.fused_2stage_kernel("sm_90", W, size, key == "MAXH", None, threads)
+            # the built variant dispatch's query names (its B and M included)
+            variant, = [v for v in built if all(v[k] == q for k, q in cx.items())]
+            ck = peerdsl.compile(ops[op].kernel, "sm_90", **variant)
             r = ck.resources
             assert r["spill_stores"] == 0 and r["local_bytes"] == 0, (op, size, W, cx, r)
     assert dispatch.fused_2stage_kernel("gfx1250", 4, 6144) == {}

@@ -46,6 +46,14 @@ class Target:
     # occupancy line, so nothing told it to save registers: the fused one-stage kernel at
     # W = 2 took 51 / 61 VGPRs at H = 4096 / 6144 against the HIP reference's 42 / 48.
     schedule_fences: bool = False
+    # (H, threads per row) of the specialized norm-family kernels where not NORM_BLOCK's 256
+    # (ops/_row_slots.py norm_block): every norm kernel of a target at that H takes it, so
+    # fused == unfused holds. sm_90, H = 2880: a row's 360 packs fill 94% of 384 threads'
+    # one slot, against 70% of 256 threads' two; 40 registers, 4 blocks per SM. Call M1 on
+    # an H100 (four ranks at once, 4096 rows): add_rmsnorm 128.5 / 128.8 us against 136.0 /
+    # 136.2 at 256 (Triton's norm 128.0 / 128.5), the split path's gather 130.3 / 130.6
+    # against 139.6 / 140.1; 192 x 2 slots ran within 1%, 512 threads 2-4% slower.
+    norm_threads: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_amd(self) -> bool:
@@ -81,7 +89,7 @@ TARGETS: dict[str, Target] = {
     "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
     "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1,
-                    row_reads_ahead=4),
+                    row_reads_ahead=4, norm_threads=((2880, 384),)),
 }
 
 PRIMARY = "gfx1250"

@@ -1,13 +1,16 @@
 """Which packs of a row a thread of a norm kernel owns, for a constexpr or a run-time hidden
 size (the geometry ops/_rows.py computes over).
 
-Thread t of a block of NORM_BLOCK threads owns the 16-byte packs t, t + BLOCK, t + 2 BLOCK,
-... of the row. The hidden size H is either a Python int (the specialized kernels' constexpr
-H: row loops unroll to exactly the packs the row has) or a `RuntimeHidden` (the runtime-H
-kernels: a traced `hidden` and a constexpr bound; each thread has the slots of the bound,
-and a slot past the row is masked at run time). A masked slot holds exact zeros, so it adds
-+0 to a thread's sum of squares (which is never -0) and nothing to its max: the reduction
-order is that of the specialized kernel, and so are the bytes. Up to PREDICATED_PER_THREAD
+Thread t of a block of B threads owns the 16-byte packs t, t + B, t + 2 B, ... of the row,
+where B is the block size the kernel is traced with (`norm_threads`): its constexpr B, which
+`norm_block` gives per target and H, the same for every norm kernel, so that they share the
+mapping and the reduction order. The hidden size H is either a Python int (the specialized
+kernels' constexpr H: row loops unroll to exactly the packs the row has) or a
+`RuntimeHidden` (the runtime-H kernels: a traced `hidden` and a constexpr bound; each thread
+has the slots of the bound, and a slot past the row is masked at run time). A masked slot
+holds exact zeros, so it adds +0 to a thread's sum of squares (which is never -0) and
+nothing to its max: at the same B the reduction order is that of the specialized kernel,
+and so are the bytes. Up to PREDICATED_PER_THREAD
 slots a masked slot's loads are predicated off and give +0 packs (`slot_pack`), with no
 branch around their uses, so that every load of a thread's row is in flight at once; above
 it each slot's loads and their uses sit in a branch of their own.
@@ -35,16 +38,33 @@ RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 3, 4, 6, 8))
 PREDICATED_PER_THREAD = 4
 
 
-def norm_min_blocks(hidden: int) -> int:
+def norm_block(target: Any, hidden: int) -> int:
+    """B, the threads that share a row, of every norm-family kernel of `target` specialized
+    for `hidden` (lowering/targets.py `norm_threads`; NORM_BLOCK elsewhere, and for every
+    runtime-H bound)."""
+    return dict(getattr(target, "norm_threads", ())).get(hidden, NORM_BLOCK)
+
+
+def collective_min_blocks(threads: int) -> int:
+    """The blocks per SM a collective norm kernel (its blocks wait on peers' blocks) must
+    fit with `threads` (its B): 2 above NORM_BLOCK, which fits 2 blocks even at 128
+    registers a thread. Every rank sharing a GPU under MPS launches one block per SM, and a
+    grid that fills the GPU exactly, with no second block's room, timed out under MPS
+    (runtime/communicator.py max_grid); 0 (the compiler's choice) otherwise."""
+    return 2 if threads > NORM_BLOCK else 0
+
+
+def norm_min_blocks(hidden: int, threads: int = NORM_BLOCK) -> int:
     """The blocks per SM a one-block-per-row norm kernel asks the compiler to fit (its
-    `min_blocks`; 0: the compiler's choice) for H, or a runtime-H kernel's MAXH. Such a
+    `min_blocks`; 0: the compiler's choice) for H, or a runtime-H kernel's MAXH, with
+    `threads` (its B) per row. Such a
     kernel (add + RMSNorm, the split fused kernel's gather) keeps a row's loads in flight
     per block, so rows in flight per SM set its speed: at H = 2880 the Triton add + RMSNorm,
     at 4 rows per SM, ran 1.31x faster than ours at 3, and 4 blocks made ours 1.15-1.19x
     faster (calls H3, H4, RESULTS.md). Fitted to sm_90's registers with no spill (ptxas
     12.9): 4 blocks where a thread holds at most 2 packs (56-64 registers, from 63-101,
     runtime-H included); at 3 packs 4 blocks spilled 34 bytes, so the default there."""
-    return 4 if -(-hidden // (PACK * NORM_BLOCK)) <= 2 else 0
+    return 4 if -(-hidden // (PACK * threads)) <= 2 else 0
 
 
 def hidden_rule_error(hidden: Any, entry: str = "") -> str | None:
@@ -69,11 +89,12 @@ class RuntimeHidden:
     how many pack slots each thread has."""
 
     def __init__(self, hidden: Any, max_hidden: int):
-        if max_hidden % (PACK * NORM_BLOCK):
-            raise ValueError(f"MAXH={max_hidden} must be a multiple of {PACK * NORM_BLOCK}")
+        step = PACK * norm_threads()
+        if max_hidden % step:
+            raise ValueError(f"MAXH={max_hidden} must be a multiple of {step}")
         self.hidden = hidden
         self.packs = hidden >> 3          # PACK elements per pack, hidden > 0
-        self.per_thread = max_hidden // (PACK * NORM_BLOCK)
+        self.per_thread = max_hidden // step
 
 
 Hidden = Union[int, RuntimeHidden]   # what the row helpers take as H
@@ -84,7 +105,7 @@ def row_geometry(H: Hidden) -> tuple[Any, int]:
     if isinstance(H, RuntimeHidden):
         return H.packs, H.per_thread
     packs = H // PACK
-    return packs, (packs + NORM_BLOCK - 1) // NORM_BLOCK
+    return packs, -(-packs // norm_threads())
 
 
 def hidden_f32(H: Hidden) -> Any:
@@ -98,13 +119,18 @@ def pack_valid(H: Hidden, k: int) -> Any:
     """Whether this thread's k-th pack lies inside the row (a Python True when always)."""
     packs, _ = row_geometry(H)
     if not isinstance(H, RuntimeHidden):
-        if packs % NORM_BLOCK == 0:
+        if packs % norm_threads() == 0:
             return True
-    return dsl.thread_id() + k * NORM_BLOCK < packs
+    return dsl.thread_id() + k * norm_threads() < packs
 
 
 def pack_index(k: int) -> Any:
-    return dsl.thread_id() + k * NORM_BLOCK
+    return dsl.thread_id() + k * norm_threads()
+
+
+def norm_threads() -> int:
+    """The threads that share a row: the block size of the kernel being traced."""
+    return dsl.block_size()
 
 
 def predicates_reads(H: Hidden) -> bool:

@@ -19,9 +19,10 @@ from ..dsl.lib import FP8_NAN, i8_const
 # the geometry, re-exported: the ops and the runtime import it from here
 from ._row_slots import (HIDDEN_MAX, HIDDEN_MIN, NORM_BLOCK, PACK,  # noqa: F401
                          PREDICATED_PER_THREAD, RUNTIME_MAXH, SUPPORTED_HIDDEN, Hidden,
-                         RuntimeHidden, hidden_f32, hidden_rule_error, norm_min_blocks,
-                         pack_index, pack_valid, predicates_reads, row_geometry,
-                         runtime_class, slot_pack)
+                         RuntimeHidden, collective_min_blocks, hidden_f32,
+                         hidden_rule_error, norm_block,
+                         norm_min_blocks, norm_threads, pack_index, pack_valid, predicates_reads,
+                         row_geometry, runtime_class, slot_pack)
 
 FLAG_GEMMA = 1       # runtime flags of the norm kernels
 FLAG_FP8 = 2
@@ -228,7 +229,7 @@ def _carries_out_packs(H: Hidden) -> bool:
     7168). Where the packs are straight-line code nothing orders one pack's codes after
     another's, and LLVM interleaves the whole row's (4096: 51 -> 58, 8192: 63 -> 78); the
     weight reads between the passes' stores keep them one pack at a time."""
-    return isinstance(H, int) and (H // PACK) % NORM_BLOCK != 0
+    return isinstance(H, int) and (H // PACK) % norm_threads() != 0
 
 
 def _out_pack(s_k: list, weight: Any, H: Hidden, k: int, T: Any, inv: Any, w_add: Any,

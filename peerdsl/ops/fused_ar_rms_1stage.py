@@ -16,7 +16,8 @@ none, so their kernels stay the ones the gfx1250 PR measured.
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, pack_index,
+from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
+                    collective_min_blocks, norm_block, pack_index,
                     residual_norm_block_rows, row_geometry, slot_pack)
 from .registry import register
 
@@ -56,54 +57,64 @@ def rows_in_flight(H: int, W: int) -> tuple[int, ...]:
     return ROWS_FIT.get((H, W), ())
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_1stage(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                         residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                         sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
                         flags: dsl.i32, call: dsl.CallId, T: constexpr, H: constexpr,
-                        W: constexpr, FP8: constexpr, R: constexpr = 1):
-    # R: packs of a row read before any is stored (0: the whole row), per target
+                        W: constexpr, FP8: constexpr, R: constexpr = 1,
+                        B: constexpr = NORM_BLOCK, M: constexpr = 0):
+    # R: packs of a row read before any is stored (0: the whole row), per target; B: the
+    # threads of a row (_row_slots.norm_block); M: the blocks per SM it must fit
+    # (_row_slots.collective_min_blocks)
     one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
               scale, rows, eps, flags, T, H, W, FP8, R)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_1stage_runtime_h(inp: RegisteredPtrs["T"], residual: Ptr["T"],
                                   weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                                   q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                                   rank: dsl.i32, rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32,
                                   flags: dsl.i32, call: dsl.CallId, T: constexpr,
                                   MAXH: constexpr, W: constexpr, FP8: constexpr,
-                                  R: constexpr = 1):
+                                  R: constexpr = 1, B: constexpr = NORM_BLOCK,
+                                  M: constexpr = 0):
     one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
               scale, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_1stage_rows(inp: RegisteredPtrs["T"], residual: Ptr["T"], weight: Ptr["T"],
                              out: Ptr["T"], residual_out: Ptr["T"], q: Ptr[dsl.i8],
                              scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
                              rows: dsl.i32, eps: dsl.f32, flags: dsl.i32, call: dsl.CallId,
                              T: constexpr, H: constexpr, W: constexpr, FP8: constexpr,
-                             V: constexpr):
+                             V: constexpr, B: constexpr = NORM_BLOCK, M: constexpr = 0):
     one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
               scale, rows, eps, flags, T, H, W, FP8, V=V)
 
 
+def _mapping(target, H):
+    B = norm_block(target, H)
+    return {"B": B, "M": collective_min_blocks(B)}
+
+
 def variants(target):
-    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             **_mapping(target, H)}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS]
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
-            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
+    return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             "B": NORM_BLOCK} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 
 def rows_variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
-    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "V": V}
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "V": V, **_mapping(target, H)}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
             for V in rows_in_flight(H, W)]
 

@@ -29,7 +29,8 @@ from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
 from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    pack_index, residual_norm_block_rows, row_geometry, slot_pack)
+                    collective_min_blocks, norm_block, pack_index, residual_norm_block_rows,
+                    row_geometry, slot_pack)
 from .registry import register
 
 
@@ -109,7 +110,7 @@ def reduce_scatter_rows(inp, staging, rank, rows, H, T, W):
     shard = packs // W
     mine = staging[rank].cast(dsl.vec16(T))
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        for j in range(dsl.thread_id(), shard, NORM_BLOCK):
+        for j in range(dsl.thread_id(), shard, dsl.block_size()):
             mine[row * shard + j] = dsl.pack_rne(shard_pack(inp, rank, row, j, H, T, W), T)
 
 
@@ -129,10 +130,11 @@ def reduce_scatter_flat(inp, staging, rank, rows, H, T, W, U):
     b, stride = dsl.block_id(), dsl.num_blocks()
     # rows of this block: b < stride, so the numerator is >= 0 even when rows is 0
     work = (rows - b + stride - 1) // stride * shard
-    for f in range(dsl.thread_id(), work, NORM_BLOCK * U):
-        idx = [f] + [dsl.select(f + u * NORM_BLOCK < work, f + u * NORM_BLOCK, f)
+    threads = dsl.block_size()
+    for f in range(dsl.thread_id(), work, threads * U):
+        idx = [f] + [dsl.select(f + u * threads < work, f + u * threads, f)
                      for u in range(1, U)]
-        valid = [True] + [f + u * NORM_BLOCK < work for u in range(1, U)]
+        valid = [True] + [f + u * threads < work for u in range(1, U)]
         local = [i // shard for i in idx]
         sums = [shard_pack(inp, rank, b + lr * stride, i - lr * shard, H, T, W)
                 for i, lr in zip(idx, local)]
@@ -142,21 +144,23 @@ def reduce_scatter_flat(inp, staging, rank, rows, H, T, W, U):
                     dsl.pack_rne(sums[u], T)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_2stage(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
                         weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                         q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                         rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                         call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr,
                         FP8: constexpr, R: constexpr = 1, U: constexpr = 0,
-                        V: constexpr = 1, E: constexpr = 1, S: constexpr = 0):
+                        V: constexpr = 1, E: constexpr = 1, S: constexpr = 0,
+                        B: constexpr = NORM_BLOCK, M: constexpr = 0):
     # R: packs of a row read before any is stored (0: the whole row), per target; U, V, E,
-    # S: the module docstring
+    # S: the module docstring; B: the threads of a row (_row_slots.norm_block); M: the
+    # blocks per SM it must fit (_row_slots.collective_min_blocks)
     two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
               residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8, R, U, V, E, S)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_2stage_runtime_h(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"],
                                   residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                                   residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
@@ -165,25 +169,29 @@ def fused_ar_rms_2stage_runtime_h(inp: RegisteredPtrs["T"], staging: PeerPtrs["T
                                   call: dsl.CallId, T: constexpr, MAXH: constexpr,
                                   W: constexpr, FP8: constexpr, R: constexpr = 1,
                                   U: constexpr = 0, V: constexpr = 1, E: constexpr = 1,
-                                  S: constexpr = 0):
+                                  S: constexpr = 0, B: constexpr = NORM_BLOCK,
+                                  M: constexpr = 0):
     two_stage(dsl.Signal(sig, rank, W, call=call), inp, staging, residual, weight, out,
               residual_out, q, scale, rank, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W,
               FP8, R, U, V, E, S)
 
 
 def variants(target):
-    return [{**v, **k} for v in _base_variants(target) for k in schedules(target, v["H"], v["W"])]
+    return [{**v, **k} for v in _base_variants(target)
+            for k in schedules(target, v["H"], v["W"], v["B"])]
 
 
 def _base_variants(target):
-    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead}
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
+             "B": norm_block(target, H), "M": collective_min_blocks(norm_block(target, H))}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
             if (H // PACK) % W == 0]
 
 
 def runtime_h_variants(target):
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             **k} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS
+             "B": NORM_BLOCK, **k}
+            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS
             for k in schedules(target, M, W)]
 
 
@@ -193,31 +201,37 @@ SM90_SCHEDULES = ((4, 1), (2, 2), (4, 2))
 SPLIT_UNROLL = 4
 
 
-def fitted_schedule(H: int, W: int, U: int, V: int) -> tuple[int, int]:
+def fitted_schedule(H: int, W: int, U: int, V: int, threads: int = NORM_BLOCK,
+                    split: bool = False) -> tuple[int, int]:
     """(U, V) cut to what fits sm_90's 128 registers per thread without spilling (from the
     build's resources), for a hidden size or a runtime-H bound H alike (the runtime-H
     kernel's predicated slots, ops/_row_slots.py slot_pack, fit the same schedules): stage 1
     holds U x W loaded packs (at most 16), stage 2 V rows of a thread's packs (at most 6).
     W = 8 and bounds of more than 4 packs per thread (MAXH 16384) keep the default schedule:
     their other schedules spilled 8-104 bytes, and W = 8 cannot be measured on the one lent
-    GPU."""
-    per_thread = -(-H // (PACK * NORM_BLOCK))
+    GPU. With more than NORM_BLOCK `threads` a row the kernel fits 2 blocks per SM
+    (_row_slots.collective_min_blocks: 85 registers at 384), where the one-launch kernel
+    (not `split`) at U x W = 16 spilled 40 bytes (H = 2880, W = 4, V = 1): at most 8 there;
+    stage 1 alone fit 16 (79 registers)."""
+    per_thread = -(-H // (PACK * threads))
     if per_thread > 4 or W > 4:
         return 0, 1
-    while U > 1 and U * W > 16:
+    most = 8 if threads > NORM_BLOCK and not split else 16
+    while U > 1 and U * W > most:
         U //= 2
     return U, (V if V * per_thread <= 6 else 1)
 
 
-def schedules(target, H, W):
-    """The {U, V, E, S} a target builds for hidden size (or runtime-H bound) H and world W:
-    AMD targets only the defaults (named nowhere, so their kernels are the ones the gfx1250
-    PR measured); sm_90 also `SM90_SCHEDULES` as fitted, the ones runtime/dispatch.py
-    `FUSED_2STAGE` picks from and `bench_ar_rms.py` sweeps."""
+def schedules(target, H, W, threads=NORM_BLOCK):
+    """The {U, V, E, S} a target builds for hidden size (or runtime-H bound) H and world W
+    with `threads` a row: AMD targets only the defaults (named nowhere, so their kernels are
+    the ones the gfx1250 PR measured); sm_90 also `SM90_SCHEDULES` as fitted, the ones
+    runtime/dispatch.py `FUSED_2STAGE` picks from and `bench_ar_rms.py` sweeps."""
     if not getattr(target, "is_nvidia", False):
         return [{}]
-    picks = {fitted_schedule(H, W, U, V) for U, V in SM90_SCHEDULES} - {(0, 1)}
-    split = {"U": fitted_schedule(H, W, SPLIT_UNROLL, 1)[0], "V": 1, "E": 0, "S": 1}
+    picks = {fitted_schedule(H, W, U, V, threads) for U, V in SM90_SCHEDULES} - {(0, 1)}
+    split = {"U": fitted_schedule(H, W, SPLIT_UNROLL, 1, threads, split=True)[0], "V": 1,
+             "E": 0, "S": 1}
     # S named in every schedule: a lookup that names S = 0 must not also match the split one
     return ([{"U": 0, "V": 1, "E": 1, "S": 0}]
             + [{"U": U, "V": V, "E": 0, "S": 0} for U, V in sorted(picks)] + [split])

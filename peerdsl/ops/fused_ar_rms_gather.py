@@ -19,7 +19,7 @@ from .. import dsl
 from ..dsl import PeerPtrs, Ptr, constexpr
 from ._collective import WORLDS
 from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    norm_min_blocks)
+                    norm_block, norm_min_blocks)
 from .fused_ar_rms_2stage import gather_norm_rows, shard_sources
 from .registry import register
 
@@ -32,27 +32,28 @@ def gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, ran
                      H, W, FP8, R, 1, sources)
 
 
-@dsl.kernel(block_size=NORM_BLOCK, min_blocks="M")
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_gather(staging: PeerPtrs["T"], residual: Ptr["T"], weight: Ptr["T"],
                         out: Ptr["T"], residual_out: Ptr["T"], q: Ptr[dsl.i8],
                         scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
                         rows: dsl.i32, eps: dsl.f32, flags: dsl.i32, T: constexpr,
                         H: constexpr, W: constexpr, FP8: constexpr, R: constexpr = 1,
-                        M: constexpr = 0):
+                        M: constexpr = 0, B: constexpr = NORM_BLOCK):
     # R: packs of a row read before any is stored (0: the whole row), per target; M: the
-    # blocks per SM it must fit (0: the compiler's choice; _row_slots.norm_min_blocks)
+    # blocks per SM it must fit (0: the compiler's choice; _row_slots.norm_min_blocks); B:
+    # the threads of a row
     gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, rank, rows, eps,
                 flags, T, H, W, FP8, R)
 
 
-@dsl.kernel(block_size=NORM_BLOCK, min_blocks="M")
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_gather_runtime_h(staging: PeerPtrs["T"], residual: Ptr["T"],
                                   weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                                   q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                                   rank: dsl.i32, rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32,
                                   flags: dsl.i32, T: constexpr, MAXH: constexpr,
                                   W: constexpr, FP8: constexpr, R: constexpr = 1,
-                                  M: constexpr = 0):
+                                  M: constexpr = 0, B: constexpr = NORM_BLOCK):
     gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, rank, rows, eps,
                 flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
 
@@ -61,7 +62,7 @@ def variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
     return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": norm_min_blocks(H)}
+             "M": norm_min_blocks(H, norm_block(target, H)), "B": norm_block(target, H)}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in WORLDS
             if (H // PACK) % W == 0]
 
@@ -70,7 +71,7 @@ def runtime_h_variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": norm_min_blocks(M)}
+             "M": norm_min_blocks(M), "B": NORM_BLOCK}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 

@@ -16,8 +16,8 @@ PR measured.
 """
 from .. import dsl, layout
 from ..dsl import PeerPtrs, Ptr, constexpr
-from ._rows import (NORM_BLOCK, SUPPORTED_HIDDEN, pack_index, pack_valid,
-                    residual_norm_block_rows, row_geometry)
+from ._rows import (NORM_BLOCK, SUPPORTED_HIDDEN, collective_min_blocks, norm_block,
+                    pack_index, pack_valid, residual_norm_block_rows, row_geometry)
 from .allreduce_ll import (advance_ll_epoch, ll_first_reads, ll_half_lines, ll_half_sum,
                            ll_push_pack, ll_regions, next_ll_epoch)
 from .registry import register
@@ -35,12 +35,15 @@ def ll_reduced_pack(regions, row, k, H, T, epoch, tag, limit, me, rank):
     return [a.to(T).to_f32() for a in sums[0] + sums[1]]
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B", min_blocks="M")
 def fused_ar_rms_ll(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr["T"],
                     residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                     sig: PeerPtrs[dsl.i32], ll: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32,
                     lines_per_peer: dsl.i32, eps: dsl.f32, flags: dsl.i32, call: dsl.CallId,
-                    T: constexpr, H: constexpr, W: constexpr, FP8: constexpr):
+                    T: constexpr, H: constexpr, W: constexpr, FP8: constexpr,
+                    B: constexpr = NORM_BLOCK, M: constexpr = 0):
+    # B: the threads of a row (_row_slots.norm_block); M: the blocks per SM it must fit
+    # (_row_slots.collective_min_blocks)
     me = sig[rank]
     epoch = next_ll_epoch(dsl.load(me + (layout.SIG_LL_EPOCH + dsl.block_id())))
     # as allreduce_ll: a rank whose record was set when the launch started pushes TAG_ABORT
@@ -72,7 +75,8 @@ FUSED_LL_WORLDS = (2, 4)
 def variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
-    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format}
+    return [{"T": T, "H": H, "W": W, "FP8": target.fp8_format, "B": norm_block(target, H),
+             "M": collective_min_blocks(norm_block(target, H))}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN for W in FUSED_LL_WORLDS]
 
 

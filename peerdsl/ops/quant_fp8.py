@@ -4,7 +4,7 @@ same helper (`quant_row_fp8`). `per_token_quant_fp8` is specialized for a conste
 from .. import dsl
 from ..dsl import Ptr, constexpr
 from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, load_row_packs,
-                    quant_row_fp8)
+                    norm_block, quant_row_fp8)
 from .registry import register
 
 
@@ -13,26 +13,26 @@ def quant_rows(x, q, scale, rows, T, H, FP8):
         quant_row_fp8(load_row_packs(x, row, H, T), row, H, q, scale, FP8)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B")
 def per_token_quant_fp8(x: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: dsl.i32,
-                        T: constexpr, H: constexpr, FP8: constexpr):
+                        T: constexpr, H: constexpr, FP8: constexpr, B: constexpr = NORM_BLOCK):
     quant_rows(x, q, scale, rows, T, H, FP8)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B")
 def per_token_quant_fp8_runtime_h(x: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                                   rows: dsl.i32, hidden: dsl.i32, T: constexpr,
-                                  MAXH: constexpr, FP8: constexpr):
+                                  MAXH: constexpr, FP8: constexpr, B: constexpr = NORM_BLOCK):
     quant_rows(x, q, scale, rows, T, RuntimeHidden(hidden, MAXH), FP8)
 
 
 def variants(target):
-    return [{"T": T, "H": H, "FP8": target.fp8_format}
+    return [{"T": T, "H": H, "FP8": target.fp8_format, "B": norm_block(target, H)}
             for T in (dsl.bf16, dsl.f16) for H in SUPPORTED_HIDDEN]
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "FP8": target.fp8_format}
+    return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "B": NORM_BLOCK}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
 
 

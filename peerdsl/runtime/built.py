@@ -49,15 +49,26 @@ RUNTIME_SOURCE = "peerdsl/ops/_row_slots.py RUNTIME_MAXH"
 class RowKernel:
     """The variant a row op launches for a hidden size: `name` with the size constexpr
     `size_key` = `size` ("H" = hidden, or the runtime-H bound "MAXH"), plus `args` (the
-    runtime-H kernels' `hidden`; empty for specialized ones)."""
+    runtime-H kernels' `hidden`; empty for specialized ones). `block`: the threads that
+    share a row (constexpr B, ops/_row_slots.py `norm_block`) as built for that size, None
+    where the build does not name it."""
     name: str
     size_key: str
     size: int
     args: Mapping[str, int]
+    block: int | None = None
 
     @property
     def runtime_h(self) -> bool:
         return self.size_key == "MAXH"
+
+    @property
+    def constexprs(self) -> dict[str, int]:
+        """The constexprs that pick this variant's size and thread mapping."""
+        cx = {self.size_key: self.size}
+        if self.block is not None:
+            cx["B"] = self.block
+        return cx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,16 +118,27 @@ class Built:
 
     def _choose_row_kernel(self, op: str, hidden: int, force_runtime_h: bool) -> RowKernel:
         if not force_runtime_h and hidden in self.values(op, "H"):
-            return RowKernel(op, "H", hidden, {})
+            return RowKernel(op, "H", hidden, {}, self._block(op, "H", hidden))
         rt = RUNTIME_H_OPS[op]
         bound = runtime_class(hidden, self.values(rt, "MAXH"))
         if bound is not None and hidden_rule_error(hidden) is None:
-            return RowKernel(rt, "MAXH", bound, {"hidden": hidden})
+            return RowKernel(rt, "MAXH", bound, {"hidden": hidden}, self._block(rt, "MAXH", bound))
         why = (f"no runtime-H variant ({rt}) with MAXH >= {hidden} is built"
                + (" and the specialized one was not asked for" if force_runtime_h else
                   f", nor {op} for H={hidden}"))
         raise ValueError(f"hidden size {hidden} is not built for {op} on {self.arch}: {why} "
                          f"({self.source}); {self.build_hint}")
+
+    def _block(self, op: str, size_key: str, size: int) -> int | None:
+        """The B that `op`'s variants of this size are built with (None: not named). Every
+        variant of one size shares it, so that all of them normalize a row alike; a build
+        that mixes two is refused rather than launched with either."""
+        blocks = {int(c["B"]) for c in self.variants.get(op, ())
+                  if size_key in c and int(c[size_key]) == size and "B" in c}
+        if len(blocks) > 1:
+            raise ValueError(f"{op} is built with several thread mappings B={sorted(blocks)} "
+                             f"for {size_key}={size} ({self.source}); {self.build_hint}")
+        return blocks.pop() if blocks else None
 
     def check_world(self, world: int) -> None:
         if world == 1:  # every call takes a local path: no collective kernel

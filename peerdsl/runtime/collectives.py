@@ -273,7 +273,7 @@ class Collectives(CallIdentity):
         """add + RMSNorm of inputs checked already (by add_rmsnorm or the fused entry)."""
         bufs = self._norm_outputs(rows, hidden, x.dtype, flags)
         rk = self._row_kernel("add_rmsnorm", hidden)
-        self._launch(rk.name, {"T": T, rk.size_key: rk.size, "FP8": self.fp8_format},
+        self._launch(rk.name, {"T": T, **rk.constexprs, "FP8": self.fp8_format},
                      self._local_grid(rows), dict(
                          x=self._dev(x.contiguous()), residual=self._dev(residual),
                          weight=self._dev(weight), rows=rows, eps=float(eps), flags=flags,
@@ -294,7 +294,7 @@ class Collectives(CallIdentity):
         q = self._new((rows, hidden), torch.int8)
         scale = self._new((rows, 1), torch.float32)
         rk = self._row_kernel("per_token_quant_fp8", hidden)
-        self._launch(rk.name, {"T": DTYPES[x.dtype], rk.size_key: rk.size, "FP8": self.fp8_format},
+        self._launch(rk.name, {"T": DTYPES[x.dtype], **rk.constexprs, "FP8": self.fp8_format},
                      self._local_grid(rows),
                      {"x": self._dev(x), "q": q, "scale": scale, "rows": rows, **rk.args},
                      local=True)

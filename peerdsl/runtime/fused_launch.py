@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import layout
+from ..ops._row_slots import NORM_BLOCK
 from . import dispatch
 from .built import FUSED_LL_OP, ROWS_OP, RowKernel
 
@@ -29,11 +30,11 @@ def fused_kernel(comm: Any, path: str, rows: int, hidden: int, T: Any
 def _plan(comm: Any, path: str, rows: int, hidden: int, T: Any
           ) -> tuple[RowKernel, str, dict, int]:
     rk = comm._row_kernel(path.replace("fused_", "fused_ar_rms_"), hidden)
-    cx = {"T": T, rk.size_key: rk.size, "W": comm.world, "FP8": comm.fp8_format}
+    cx = {"T": T, **rk.constexprs, "W": comm.world, "FP8": comm.fp8_format}
     name, per_block = rk.name, 1
     if path == "fused_2stage":
         cx.update(dispatch.fused_2stage_kernel(comm.arch, comm.world, rk.size, rk.runtime_h,
-                                              rows))
+                                              rows, rk.block or NORM_BLOCK))
     elif not rk.runtime_h:
         v = dispatch.fused_1stage_rows(comm.arch, comm.world, rows, hidden, comm.max_grid)
         if v > 1 and comm.built.has(ROWS_OP, H=hidden, W=comm.world, V=v):
@@ -46,7 +47,7 @@ def gather_launch(comm: Any, gk: RowKernel, T: Any, fused_args: dict
                   ) -> tuple[str, dict, dict]:
     """(kernel, constexprs, arguments) of ops/fused_ar_rms_gather.py (`gk`, its RowKernel),
     the stage 2 after a fused_ar_rms_2stage launch with S = 1 (`fused_args`: that one's)."""
-    cx = {"T": T, gk.size_key: gk.size, "W": comm.world, "FP8": comm.fp8_format}
+    cx = {"T": T, **gk.constexprs, "W": comm.world, "FP8": comm.fp8_format}
     names = ("staging", "residual", "weight", "out", "residual_out", "q", "scale", "sig",
              "rank", "rows", "eps", "flags")
     return gk.name, cx, {**{k: fused_args[k] for k in names}, **gk.args}
@@ -61,5 +62,6 @@ def fused_ll(comm: Any, hidden: int) -> bool:
 
 def fused_ll_launch(comm: Any, rows: int, hidden: int, T: Any) -> tuple[dict, int]:
     """(constexprs, grid) of that launch: a block per row, at most the resident grid."""
-    cx = {"T": T, "H": hidden, "W": comm.world, "FP8": comm.fp8_format}
+    rk = comm._row_kernel(FUSED_LL_OP, hidden)
+    cx = {"T": T, **rk.constexprs, "W": comm.world, "FP8": comm.fp8_format}
     return cx, max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..ops._row_slots import NORM_BLOCK
+
 
 @dataclasses.dataclass(frozen=True)
 class ArKernel:
@@ -105,20 +107,21 @@ _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
 
 
 def fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool = False,
-                        rows: int | None = None) -> dict[str, int]:
+                        rows: int | None = None, threads: int = NORM_BLOCK) -> dict[str, int]:
     """The constexprs beyond T, H/MAXH, W and FP8 of the fused two-stage kernel:
     `FUSED_2STAGE`'s schedule (V = 1 for a call of at most its `V1_max_rows` rows, where
     `rows` is given), with PEERDSL_FUSED_UNROLL, PEERDSL_FUSED_ROWS,
     PEERDSL_FUSED_END_BARRIER and PEERDSL_FUSED_SPLIT overriding U, V, E and S (a schedule
     that is not built fails at launch, naming the built ones). S = 1: the kernel does stage
     1 only and the caller launches ops/fused_ar_rms_gather.py after it. `hidden` is the
-    kernel's H (or MAXH, `runtime_h`; both kernels take the same schedule for it): V is
-    capped where V rows would not fit the registers (ops/fused_ar_rms_2stage.py
-    `fitted_schedule`)."""
+    kernel's H (or MAXH, `runtime_h`; both kernels take the same schedule for it), built
+    with `threads` a row (its B): U and V are capped where they would not fit the
+    registers (ops/fused_ar_rms_2stage.py `fitted_schedule`)."""
     from .dispatch import _cached, _env_key
     few = rows is not None and rows <= _schedule(arch, world).get("V1_max_rows", 0)
-    return _cached(_FUSED_KERNEL_PLANS, (arch, world, hidden, runtime_h, few, _env_key()),
-                   lambda: _fused_2stage_kernel(arch, world, hidden, few))
+    key = (arch, world, hidden, runtime_h, few, threads, _env_key())
+    return _cached(_FUSED_KERNEL_PLANS, key,
+                   lambda: _fused_2stage_kernel(arch, world, hidden, few, threads))
 
 
 def fused_2stage_splits(arch: str, world: int, hidden: int) -> bool:
@@ -130,21 +133,24 @@ def _schedule(arch: str, world: int) -> dict[str, int]:
     return FUSED_2STAGE.get(arch, {}).get(world, {})
 
 
-def _fused_2stage_kernel(arch: str, world: int, hidden: int, few_rows: bool = False
-                         ) -> dict[str, int]:
+def _fused_2stage_kernel(arch: str, world: int, hidden: int, few_rows: bool = False,
+                         threads: int = NORM_BLOCK) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import SPLIT_UNROLL, fitted_schedule
     from .dispatch import _FUSED_ENV, _env_ints
     table = _schedule(arch, world)
+    env = _env_ints(_FUSED_ENV)
     cx = {k: v for k, v in table.items() if k in ("U", "V", "E")}
     if cx:
         if few_rows:
             cx["V"] = 1
-        if fused_2stage_splits(arch, world, hidden):
+        # (PEERDSL_FUSED_SPLIT decides before the fit: the two forms fit different U)
+        split = bool(env.get("S", fused_2stage_splits(arch, world, hidden)))
+        if split:
             cx.update(U=SPLIT_UNROLL, V=1, S=1)  # the split variant's build (schedules())
-        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"])
+        cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"], threads, split)
         if (cx["U"], cx["V"]) == (0, 1) and not cx.get("S"):
             cx["E"] = 1  # the default schedule, built with its end barrier
-    for field, value in _env_ints(_FUSED_ENV).items():
+    for field, value in env.items():
         name, low = _FUSED_ENV[field], 1 if field == "V" else 0
         flag = field in ("E", "S")
         if value < low or flag and value > 1:

@@ -83,7 +83,7 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
     vals, result = _outputs(comm, b.output, shape, x.dtype, kflags, out, residual_out)
     # the row kernels' variants as the plain call picks them: specialized or runtime-H
     norm = comm._row_kernel("add_rmsnorm", hidden)
-    norm_name, norm_cx = norm.name, {"T": T, norm.size_key: norm.size, "FP8": comm.fp8_format}
+    norm_name, norm_cx = norm.name, {"T": T, **norm.constexprs, "FP8": comm.fp8_format}
     norm_args = dict(residual=residual_v, weight=weight_v, rows=rows, eps=eps, flags=kflags)
     actions: list[tuple] = []
     if path == "local":
@@ -130,7 +130,7 @@ def prepare_fused(comm: Any, x: torch.Tensor, residual: torch.Tensor, weight: to
             s_v, s_t = b.output(None, (rows, 1), torch.float32)
             quant = comm._row_kernel("per_token_quant_fp8", hidden)
             actions.append(("local", b.launch(
-                quant.name, {"T": T, quant.size_key: quant.size, "FP8": comm.fp8_format},
+                quant.name, {"T": T, **quant.constexprs, "FP8": comm.fp8_format},
                 comm._local_grid(rows),
                 {"x": vals["out"], "q": q_v, "scale": s_v, "rows": rows, **quant.args},
                 local=True)))
