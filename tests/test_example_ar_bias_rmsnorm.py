@@ -43,6 +43,23 @@ def test_simulator_exact_under_skew(world, rows, hidden, dtype, seed, skew, grid
     assert check_sim.check(world, rows, hidden, dtype, seed, skew, grid) == []
 
 
+@pytest.mark.parametrize("world,hidden", [(2, 2880), (4, 2880), (4, 6144)])
+def test_sm90_kernels_follow_the_targets_thread_mapping(world, hidden):
+    """On sm_90's kernels (384 threads a row at H = 2880, the shipped norm kernels' mapping
+    there) the example still gives the unfused chain's bytes and the exact reference's,
+    with the reference summing in the order of the variant the launch runs."""
+    import peerdsl.sim
+    assert check_sim.check(world, 3, hidden, torch.bfloat16, 1, [0, 90, 20, 0][:world], 2,
+                           target="sm_90") == []
+    expected = 384 if hidden == 2880 else 256
+    asked = {"T": torch.bfloat16, "H": hidden, "W": world}
+    got = peerdsl.sim.run(world, lambda comm: comm.launch_constexprs("ar_bias_rmsnorm", asked),
+                          target="sm_90")
+    assert all(c["B"] == expected and c["T"] == "bf16" for c in got)
+    assert peerdsl.sim.run(2, lambda comm: comm.launch_constexprs(
+        "ar_bias_rmsnorm", {"T": "f16", "H": 2880, "W": 2}))[0]["B"] == 256  # gfx1250
+
+
 def test_simulator_check_sees_a_wrong_result(monkeypatch):
     """The check is not vacuous: a launch that drops the bias fails it on every rank."""
     real = check_sim.host.ar_bias_rmsnorm

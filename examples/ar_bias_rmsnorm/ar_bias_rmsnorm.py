@@ -14,8 +14,9 @@ wherever a value is rounded to T (SPEC section 2's style):
 
 The two intermediate roundings (a and b) are the ones the unfused chain makes: comm.all_reduce
 returns T, `ar + bias` in torch rounds to T, and the shipped add + RMSNorm kernel takes it
-from there. With the same thread mapping as that kernel (thread t owns the 16-byte packs t,
-t + 256, ... of the row) the fused op gives the unfused chain's bytes exactly.
+from there. With the same thread mapping as that kernel (thread t of B owns the 16-byte packs
+t, t + B, ... of the row, B = `threads_per_row`: 256, or what the target's `norm_threads`
+sets for H) the fused op gives the unfused chain's bytes exactly.
 
 One stage, one launch: Signal start (every rank's input of this call is staged), each block
 takes rows b, b + G, ..., each thread reads its packs of the row straight from every rank's
@@ -27,25 +28,31 @@ import peerdsl
 from peerdsl import dsl
 from peerdsl.dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 
-BLOCK = 256                    # threads per block (the shipped norm kernels' mapping)
+BLOCK = 256                    # threads per row where the target sets no other
 PACK = 8                       # T elements in one 16-byte pack
 HIDDEN = (2880, 4096, 6144, 8192)
 WORLDS = (2, 4, 8)
 DTYPES = (dsl.bf16, dsl.f16)
 
 
+def threads_per_row(target, H: int) -> int:
+    """B, the threads that share a row in the shipped norm kernels of `target` (the object
+    `variants` is given) at hidden size H: the mapping to copy to give their bytes."""
+    return dict(getattr(target, "norm_threads", ())).get(H, BLOCK)
+
+
 def packs_per_thread(H: int) -> int:
-    return (H // PACK + BLOCK - 1) // BLOCK
+    return -(-(H // PACK) // dsl.block_size())   # (block_size: the traced B, a Python int)
 
 
 def pack_of(k: int):
     """Index, inside a row, of this thread's k-th pack."""
-    return dsl.thread_id() + k * BLOCK
+    return dsl.thread_id() + k * dsl.block_size()
 
 
 def in_row(H: int, k: int):
     """Whether this thread's k-th pack lies inside the row (Python True when always)."""
-    if (H // PACK) % BLOCK == 0:
+    if (H // PACK) % dsl.block_size() == 0:
         return True
     return pack_of(k) < H // PACK
 
@@ -86,11 +93,12 @@ def biased_allreduce(inp, bias: list, row, H: int, T, W: int) -> list:
     return out
 
 
-@dsl.kernel(block_size=BLOCK)
+@dsl.kernel(block_size="B")
 def ar_bias_rmsnorm(inp: RegisteredPtrs["T"], bias: Ptr["T"], residual: Ptr["T"],
                     weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                     sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
-                    call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr):
+                    call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr,
+                    B: constexpr = BLOCK):
     # bias and weight are this rank's own, the same for every row: their loads are issued
     # before the start barrier, so their latency hides behind it
     b = load_packs(bias, 0, H, T)
@@ -114,7 +122,8 @@ def ar_bias_rmsnorm(inp: RegisteredPtrs["T"], bias: Ptr["T"], residual: Ptr["T"]
 
 def variants(target) -> list[dict]:
     """The specializations `peerdsl build --module` compiles for a target."""
-    return [{"T": T, "H": H, "W": W} for T in DTYPES for H in HIDDEN for W in WORLDS]
+    return [{"T": T, "H": H, "W": W, "B": threads_per_row(target, H)}
+            for T in DTYPES for H in HIDDEN for W in WORLDS]
 
 
 peerdsl.register_op("ar_bias_rmsnorm", ar_bias_rmsnorm, variants)

@@ -33,11 +33,12 @@ def biased_sum(xs: list[torch.Tensor], bias: torch.Tensor, residual: torch.Tenso
     return b.float() + residual.float()
 
 
-def block_sum_of_squares(s: torch.Tensor) -> torch.Tensor:
-    """sum_j s_j^2 per row, added in dsl.block_sum's order for a BLOCK-thread block where
-    thread t owns the packs t, t + BLOCK, ...: each thread serially over its packs and their
+def block_sum_of_squares(s: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """sum_j s_j^2 per row, added in dsl.block_sum's order for a `block`-thread block where
+    thread t owns the packs t, t + block, ...: each thread serially over its packs and their
     8 elements, a butterfly (xor 16, 8, 4, 2, 1) inside each 32-lane group, then the group
     partials serially in group order."""
+    BLOCK = block  # noqa: N806 (the module's default, overridden)
     rows, H = s.shape
     per_thread = (H // PACK + BLOCK - 1) // BLOCK
     padded = torch.zeros(rows, per_thread * BLOCK * PACK, dtype=torch.float32, device=s.device)
@@ -57,11 +58,13 @@ def block_sum_of_squares(s: torch.Tensor) -> torch.Tensor:
 
 
 def exact(xs: list[torch.Tensor], bias: torch.Tensor, residual: torch.Tensor,
-          weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, residual_out) with the kernel's bytes."""
+          weight: torch.Tensor, eps: float = 1e-6,
+          block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, residual_out) with the bytes of the kernel built with `block` threads a row
+    (its constexpr B: `comm.launch_constexprs(...)["B"]`)."""
     T, H = xs[0].dtype, xs[0].shape[-1]
     s = biased_sum(xs, bias, residual)
-    mean = block_sum_of_squares(s) / torch.tensor(float(H), dtype=torch.float32)
+    mean = block_sum_of_squares(s, block) / torch.tensor(float(H), dtype=torch.float32)
     # 1 / sqrt in f32, each correctly rounded as the DSL's rsqrt is. torch's f32 sqrt on the
     # CPU is not (it is off by an ulp for some inputs): sqrt in float64 rounded once to f32
     # is the correctly rounded f32 sqrt (53 >= 2 * 24 + 2 bits); f32 division is exact IEEE.

@@ -42,6 +42,14 @@ class UserLaunch:
         else:
             self._user_launch(entry, sig, grid, args)
 
+    def launch_constexprs(self, op_or_kernel: Any,
+                          constexprs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every constexpr of the variant `launch(op_or_kernel, constexprs=...)` runs: the
+        built one those constexprs pick, with what its variants set per target (a host
+        reference that must model the kernel, e.g. the norm kernels' threads a row B, reads
+        it here). Raises as `launch` does when none is built."""
+        return dict(self.loader.entry_for(op_or_kernel, constexprs).constexprs)
+
     @collective_call
     def _comm_launch(self, op: str, launch: tuple, grid: int) -> None:
         """The call identity peers compare is the op, its variant, the world and the grid:

@@ -57,13 +57,15 @@ def test_a_thread_that_stops_inside_a_collective():
     assert time.monotonic() - t0 < 4 * RENDEZVOUS_S
 
 
-@dsl.kernel(block_size=256)
+@dsl.kernel(block_size="B")
 def _dies_after_start(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
                       weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"], q: Ptr[dsl.i8],
                       scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32], rank: dsl.i32,
                       rows: dsl.i32, eps: dsl.f32, flags: dsl.i32, call: dsl.CallId,
-                      T: constexpr, H: constexpr, W: constexpr, FP8: constexpr):
-    """The two-stage fused kernel of a rank that dies right after its start barrier."""
+                      T: constexpr, H: constexpr, W: constexpr, FP8: constexpr,
+                      B: constexpr = 256):
+    """The two-stage fused kernel of a rank that dies right after its start barrier (B: the
+    norm kernels' threads a row, which the runtime names)."""
     s = dsl.Signal(sig, rank, W, call=call)
     s.start()
     s.finish()

@@ -66,7 +66,8 @@ class SimUserLaunch(CallIdentity):
             self._refuse()
         kernel = self._user_kernel(op_or_kernel)
         from .comm import _ir_of
-        traced = _ir_of(kernel, dict(constexprs or {}))
+        constexprs = self._as_built(op_or_kernel, kernel, dict(constexprs or {}))
+        traced = _ir_of(kernel, constexprs)
         sig = getattr(traced, "_launch_signature", None)
         if sig is None:
             sig = traced._launch_signature = signature_from_kernel(kernel, traced)
@@ -118,6 +119,45 @@ class SimUserLaunch(CallIdentity):
         """Runtime-filled argument values: a placeholder for each `dsl.CallId` parameter,
         set to the call's tag at launch."""
         return {name: 0 for name in entry_or_kernel._launch_signature.runtime_filled}
+
+    def launch_constexprs(self, op_or_kernel: Any,
+                          constexprs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every constexpr of the variant `launch(op_or_kernel, constexprs=...)` runs (the
+        GPU Communicator's method): here the registered variant for this target that they
+        pick, else they themselves with the kernel's defaults; in the manifest's JSON form
+        (a dtype as its name)."""
+        from ..manifest import constexpr_json
+        kernel = self._user_kernel(op_or_kernel)
+        given = self._as_built(op_or_kernel, kernel, dict(constexprs or {}))
+        params = kernel.signature.parameters
+        defaults = {n: params[n].default for n in kernel.constexpr_names
+                    if params[n].default is not params[n].empty}
+        return {k: constexpr_json(v) for k, v in {**defaults, **given}.items()}
+
+    def _as_built(self, op_or_kernel: Any, kernel: Any, constexprs: dict) -> dict:
+        """The constexprs of the one registered variant (for this simulator's target) that
+        `constexprs` names, as the GPU's manifest lookup picks it (a subset that picks one):
+        so a constexpr the variants set per target and the caller does not name (the norm
+        kernels' B) is the built one here too. Given as they are where no variant, or more
+        than one, matches."""
+        from ...lowering.targets import get_target
+        from ...ops.registry import load_all
+        from ..manifest import constexpr_json
+        query = {k: constexpr_json(v) for k, v in constexprs.items()}
+        cache = self.__dict__.setdefault("_built_variants", {})
+        key = (op_or_kernel if isinstance(op_or_kernel, str) else id(kernel))
+        variants = cache.get(key)
+        if variants is None:
+            specs = [spec for name, spec in load_all().items()
+                     if name == op_or_kernel or spec.kernel is kernel]
+            try:
+                variants = specs[0].variants(get_target(self.target)) if len(specs) == 1 else []
+            except Exception:  # noqa: BLE001 - a build-time error: `peerdsl build` reports it
+                variants = []
+            cache[key] = variants
+        hits = [v for v in variants
+                if all(k in v and constexpr_json(v[k]) == q for k, q in query.items())]
+        return {**hits[0], **constexprs} if len(hits) == 1 else constexprs
 
     def _user_kernel(self, op_or_kernel: Any) -> Any:
         from ...dsl.kernel import Kernel
