@@ -4,7 +4,8 @@
 # interleaved at H = 2880, TP4 and TP2, every row count: "old" is build_new (256 threads,
 # 8fbfeef's kernels), "new" build_m (this tree); the vLLM AR + Triton pair in every run. Then
 # the forced-path sweep on the new build (does dispatch still pick the fastest path at 2880?),
-# and the fault cases and runtime proof on it.
+# the fault cases and runtime proof on it, and the tutorial's user kernel at 2880 (its
+# variants take the target's B: fused == its unfused chain on the GPU).
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/m2; mkdir -p $W
 step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; rm -f $W/*.png; tar czf $OUT/m2.tgz -C $W .; }
@@ -24,4 +25,6 @@ step "faults" 200 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build bu
 tail -4 $W/faults.log | cut -c1-300
 step "collectives" 150 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build_m --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
 tail -3 $W/collectives.log | cut -c1-300
+step "example" 150 env PYTHONPATH=. python3 examples/ar_bias_rmsnorm/run_gpu.py --build build_m --tp 2 4 --hidden 2880 6144 --rows 1 64 1024 4096 --json $W/example.json > $W/example.log 2>&1
+tail -12 $W/example.log | cut -c1-300
 true
