@@ -99,7 +99,8 @@ def test_fused_paths_and_arguments(comm, monkeypatch):
     comm.fused_allreduce_rmsnorm(x, res, w)  # 24 KiB: under the 64 KiB LL scratch
     assert comm.last_path == "ll+rmsnorm"  # one launch: sm_90 builds fused_ar_rms_ll
     (fll, cx, grid, args), = comm.log
-    assert (fll, cx) == ("fused_ar_rms_ll", {"T": "bf16", "H": 6144, "W": 4, "FP8": "e4m3fn"})
+    assert (fll, cx) == ("fused_ar_rms_ll", {"T": "bf16", "H": 6144, "B": 256, "W": 4,
+                                              "FP8": "e4m3fn"})
     assert args["ll"] == comm.ll_peers and args["rank"] == 1 and args["rows"] == 2
     assert args["lines_per_peer"] == (64 << 10) // 8 and grid == 2 and args["flags"] == 0
     comm.log.clear()

@@ -99,12 +99,13 @@ class OwnCounterSignal(dsl.Signal):
         self._base = dsl.load(self._epoch_ptr)
 
 
-@dsl.kernel(block_size=NORM_BLOCK)
+@dsl.kernel(block_size="B")
 def fused_2stage_own_counters(inp: RegisteredPtrs["T"], staging: PeerPtrs["T"], residual: Ptr["T"],
                               weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                               q: Ptr[dsl.i8], scale: Ptr[dsl.f32], sig: PeerPtrs[dsl.i32],
                               rank: dsl.i32, rows: dsl.i32, eps: dsl.f32, flags: dsl.i32,
-                              T: constexpr, H: constexpr, W: constexpr, FP8: constexpr):
+                              T: constexpr, H: constexpr, W: constexpr, FP8: constexpr,
+                              B: constexpr = NORM_BLOCK):
     two_stage(OwnCounterSignal(sig, rank, W), inp, staging, residual, weight, out,
               residual_out, q, scale, rank, rows, eps, flags, T, H, W, FP8)
 
