@@ -248,8 +248,10 @@ FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", *SCHEDULE_ENV.values(
 def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
     """Every fused two-stage schedule the sm_90 build holds for `hidden` and `world`."""
     from peerdsl.lowering.targets import get_target
+    from peerdsl.ops._row_slots import norm_block
     from peerdsl.ops.fused_ar_rms_2stage import schedules
-    return schedules(get_target("sm_90"), hidden, world)
+    sm90 = get_target("sm_90")
+    return schedules(sm90, hidden, world, norm_block(sm90, hidden))
 
 
 def one_stage_rows(hidden: int, world: int) -> list[dict[str, int]]:

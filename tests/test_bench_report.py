@@ -69,3 +69,24 @@ def test_sweep_forces_each_one_stage_rows_variant(monkeypatch):
     assert {"fused_1stage_us", "fused_1stage:R2_us", "fused_1stage:R4_us"} <= set(got)
     assert ("fused_1stage", "1") in seen and ("fused_1stage", "4") in seen
     assert "mismatch" not in got and "PEERDSL_FUSED_1STAGE_ROWS" not in os.environ
+
+
+def test_sweep_forces_only_built_variants():
+    """Every schedule and rows-per-iteration variant the sm_90 sweep forces is one the build
+    holds, with the target's threads a row at each size (call M2's sweep forced U4 schedules
+    at H = 2880, which 384 threads a row do not build, and a rank stopped)."""
+    from benchmarks import bench_ar_rms as B
+    from peerdsl.lowering.targets import get_target
+    from peerdsl.ops import registry
+    from peerdsl.ops._row_slots import SUPPORTED_HIDDEN
+
+    sm90, ops = get_target("sm_90"), registry.load_all()
+    two_stage = ops["fused_ar_rms_2stage"].variants(sm90)
+    rows = ops["fused_ar_rms_1stage_rows"].variants(sm90)
+    for H in SUPPORTED_HIDDEN:
+        for W in (2, 4):
+            for sched in B.fused_schedules(H, W):
+                assert any(v["H"] == H and v["W"] == W and all(v[k] == sched[k] for k in sched)
+                           for v in two_stage), (H, W, sched)
+            for r in B.one_stage_rows(H, W):
+                assert any(v["H"] == H and v["W"] == W and v["V"] == r["R"] for v in rows), (H, W)
