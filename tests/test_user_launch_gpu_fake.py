@@ -325,3 +325,18 @@ def test_manifest_records_roles_and_pack_alignment():
     traced = gpu_scale.trace()
     args = {a["name"]: a for a in annotate_args(natural_layout(traced)[0], gpu_scale, traced)}
     assert args["x"]["align"] == 4           # f32 accesses: no pack, no 16-byte demand
+
+
+def test_missing_variant_among_many_names_the_closest_and_what_differs():
+    """A shipped op builds hundreds of variants: the error lists the few nearest the query
+    and the constexprs each differs in, not all of them."""
+    from peerdsl.runtime.loader_base import _closest_listing
+    built = [{"H": H, "W": W, "U": U, "B": 384 if H == 2880 else 256}
+             for H in (2880, 6144, 8192) for W in (2, 4, 8) for U in (0, 2, 4) if U * W <= 8]
+    msg = _closest_listing(built, {"H": 2880, "W": 4, "U": 4, "B": 384})
+    assert msg.startswith(f"{len(built)} built variants; the closest")
+    first = msg.split("differs in: ")[1].split("; ")[0]
+    assert first in ("{'H': 2880, 'W': 4, 'U': 0, 'B': 384} (U)",
+                     "{'H': 2880, 'W': 4, 'U': 2, 'B': 384} (U)")
+    assert msg.count("{'H'") == 8
+    assert _closest_listing(built[:2], {"H": 1}).startswith("built variants: [")

@@ -83,13 +83,27 @@ def find_entry(manifest: Manifest, op_or_kernel: Any, constexprs: dict[str, Any]
     built = [e.constexprs for e in cands]
     module = _module_of(kernel, cands)
     cmd = build_command(manifest, op, module)
-    listing = f"built variants: {built}" if built else (
+    listing = _closest_listing(built, query) if built else (
         f"nothing of it is built (ops built: {manifest.ops()})")
     add = (f"; the op's variants(target) must list {query}" if built or module else "")
     reg = ("" if op else "; register it first: peerdsl.register_op(NAME, kernel, variants) "
            "in that module")
     raise ManifestError(f"{what} has no {manifest.arch} build with constexprs {query} in "
                         f"{manifest.path}; {listing}. Build it: `{cmd}`{add}{reg}")
+
+
+def _closest_listing(built: list[dict[str, Any]], query: dict[str, Any], most: int = 8) -> str:
+    """The built variants, or, where there are more than `most`, those that differ from the
+    query in the fewest constexprs (a shipped op builds hundreds: the full list hides the
+    one key that is off)."""
+    if len(built) <= most:
+        return f"built variants: {built}"
+
+    def off(c: dict[str, Any]) -> list[str]:
+        return [k for k, v in query.items() if k not in c or not _same(c[k], v)]
+    near = sorted(built, key=lambda c: len(off(c)))[:most]
+    return (f"{len(built)} built variants; the closest, with the constexprs each differs in: "
+            + "; ".join(f"{c} ({', '.join(off(c))})" for c in near))
 
 
 def build_command(manifest: Manifest, op: str | None, module: str | None) -> str:
