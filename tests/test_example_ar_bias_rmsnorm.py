@@ -58,6 +58,12 @@ def test_sm90_kernels_follow_the_targets_thread_mapping(world, hidden):
     assert all(c["B"] == expected and c["T"] == "bf16" for c in got)
     assert peerdsl.sim.run(2, lambda comm: comm.launch_constexprs(
         "ar_bias_rmsnorm", {"T": "f16", "H": 2880, "W": 2}))[0]["B"] == 256  # gfx1250
+    # constexprs that pick several variants raise, as the GPU's manifest lookup does
+    # (falling back to the kernel's B = 256 would misstate the 384 every variant has here)
+    from peerdsl.runtime.manifest import ManifestError
+    with pytest.raises(ManifestError, match=r"match \d+ registered variants.*name more of.*'W'"):
+        peerdsl.sim.run(2, lambda comm: comm.launch_constexprs(
+            "ar_bias_rmsnorm", {"T": "bf16", "H": 2880}), target="sm_90")
 
 
 def test_simulator_check_sees_a_wrong_result(monkeypatch):

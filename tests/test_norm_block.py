@@ -43,8 +43,19 @@ def test_the_runtime_launches_the_built_mapping():
     assert old.row_kernel("add_rmsnorm", 2880).constexprs == {"H": 2880}  # matched as built
     mixed = Built("sm_90", "a mixed manifest", {"add_rmsnorm": (
         {"T": "bf16", "H": 2880, "B": 256}, {"T": "f16", "H": 2880, "B": 384})}, "rebuild")
-    with pytest.raises(ValueError, match=r"several thread mappings B=\[256, 384\]"):
+    with pytest.raises(ValueError, match=r"several thread mappings \(add_rmsnorm B=\[256, 384\]"):
         mixed.row_kernel("add_rmsnorm", 2880)
+    # one op rebuilt into an older manifest: add_rmsnorm at 384 threads, the fused kernel
+    # still at 256 (no B named) would normalize differently: every norm op refuses the size
+    partial = Built("sm_90", "a partly rebuilt manifest", {
+        "add_rmsnorm": ({"T": "bf16", "H": 2880, "B": 384}, {"T": "bf16", "H": 6144, "B": 256}),
+        "fused_ar_rms_1stage": ({"T": "bf16", "H": 2880, "W": 4}, {"T": "bf16", "H": 6144, "W": 4})},
+        "rebuild")
+    for op in ("add_rmsnorm", "fused_ar_rms_1stage"):
+        with pytest.raises(ValueError, match=r"fused_ar_rms_1stage B=\[256\].*rebuild"):
+            partial.row_kernel(op, 2880)
+    assert partial.row_kernel("fused_ar_rms_1stage", 6144).constexprs == {"H": 6144}
+    assert partial.row_kernel("add_rmsnorm", 6144).constexprs == {"H": 6144, "B": 256}
 
 
 def _inputs(world, rows, hidden, dtype):

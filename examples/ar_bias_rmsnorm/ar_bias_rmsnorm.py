@@ -93,12 +93,12 @@ def biased_allreduce(inp, bias: list, row, H: int, T, W: int) -> list:
     return out
 
 
-@dsl.kernel(block_size="B")
+@dsl.kernel(block_size="B", min_blocks="M")
 def ar_bias_rmsnorm(inp: RegisteredPtrs["T"], bias: Ptr["T"], residual: Ptr["T"],
                     weight: Ptr["T"], out: Ptr["T"], residual_out: Ptr["T"],
                     sig: PeerPtrs[dsl.i32], rank: dsl.i32, rows: dsl.i32, eps: dsl.f32,
                     call: dsl.CallId, T: constexpr, H: constexpr, W: constexpr,
-                    B: constexpr = BLOCK):
+                    B: constexpr = BLOCK, M: constexpr = 0):
     # bias and weight are this rank's own, the same for every row: their loads are issued
     # before the start barrier, so their latency hides behind it
     b = load_packs(bias, 0, H, T)
@@ -120,9 +120,18 @@ def ar_bias_rmsnorm(inp: RegisteredPtrs["T"], bias: Ptr["T"], residual: Ptr["T"]
     signal.end()
 
 
+def min_blocks(B: int) -> int:
+    """M, the blocks per SM the compiler must fit (0: its choice). Blocks that wait on
+    peers' blocks need room for a second one on each SM: ranks sharing a GPU under MPS each
+    launch about one per SM. Past 256 threads the register budget may leave room for one
+    only (102 registers at W = 8, H = 2880, B = 384), so ask for 2, as the shipped kernels do."""
+    return 2 if B > BLOCK else 0
+
+
 def variants(target) -> list[dict]:
     """The specializations `peerdsl build --module` compiles for a target."""
-    return [{"T": T, "H": H, "W": W, "B": threads_per_row(target, H)}
+    return [{"T": T, "H": H, "W": W, "B": threads_per_row(target, H),
+             "M": min_blocks(threads_per_row(target, H))}
             for T in DTYPES for H in HIDDEN for W in WORLDS]
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 from typing import Any, Mapping
 
-from ..ops._rows import HIDDEN_MAX, HIDDEN_MIN, hidden_rule_error, runtime_class
+from ..ops._rows import HIDDEN_MAX, HIDDEN_MIN, NORM_BLOCK, hidden_rule_error, runtime_class
 
 # the row kernels' runtime-H variants (op -> its runtime-H op)
 RUNTIME_H_OPS = {op: f"{op}_runtime_h" for op in (
@@ -30,6 +30,8 @@ RUNTIME_H_OPS = {op: f"{op}_runtime_h" for op in (
 ROWS_OP = "fused_ar_rms_1stage_rows"
 # the ll+rmsnorm path in one launch (runtime/fused_launch.py `fused_ll`), where it is built
 FUSED_LL_OP = "fused_ar_rms_ll"
+# every specialized norm-family kernel: one thread mapping (B) per hidden size across them
+NORM_OPS = (*RUNTIME_H_OPS, ROWS_OP, FUSED_LL_OP)
 # the kernels behind the collective methods of runtime/collectives.py (W constexpr)
 COLLECTIVE_OPS = ("allreduce_ll", "allreduce_1stage", "allreduce_2stage", "allgather",
                   "null_collective", "fused_ar_rms_1stage", "fused_ar_rms_2stage",
@@ -130,15 +132,22 @@ class Built:
                          f"({self.source}); {self.build_hint}")
 
     def _block(self, op: str, size_key: str, size: int) -> int | None:
-        """The B that `op`'s variants of this size are built with (None: not named). Every
-        variant of one size shares it, so that all of them normalize a row alike; a build
-        that mixes two is refused rather than launched with either."""
-        blocks = {int(c["B"]) for c in self.variants.get(op, ())
-                  if size_key in c and int(c[size_key]) == size and "B" in c}
-        if len(blocks) > 1:
-            raise ValueError(f"{op} is built with several thread mappings B={sorted(blocks)} "
-                             f"for {size_key}={size} ({self.source}); {self.build_hint}")
-        return blocks.pop() if blocks else None
+        """The B that `op`'s variants of this size are built with (None: not named, as in
+        a build from before B, whose kernels all ran NORM_BLOCK threads a row). Every norm
+        kernel of one size must share it, so that all of them normalize a row alike (fused
+        == unfused); a build that mixes two, in one op or across them (a partial rebuild
+        merged into an older manifest), is refused rather than launched."""
+        family = NORM_OPS if size_key == "H" else tuple(RUNTIME_H_OPS.values())
+        blocks = {o: {int(c.get("B", NORM_BLOCK)) for c in self.variants.get(o, ())
+                      if size_key in c and int(c[size_key]) == size} for o in {*family, op}}
+        if len(set().union(*blocks.values())) > 1:
+            which = ", ".join(f"{o} B={sorted(b)}" for o, b in sorted(blocks.items()) if b)
+            raise ValueError(f"the norm kernels for {size_key}={size} are built with several "
+                             f"thread mappings ({which}; {self.source}): their rows would not "
+                             f"normalize alike; {self.build_hint}")
+        named = any("B" in c for c in self.variants.get(op, ())
+                    if size_key in c and int(c[size_key]) == size)
+        return blocks[op].pop() if named else None
 
     def check_world(self, world: int) -> None:
         if world == 1:  # every call takes a local path: no collective kernel

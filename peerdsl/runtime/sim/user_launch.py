@@ -138,8 +138,8 @@ class SimUserLaunch(CallIdentity):
         """The constexprs of the one registered variant (for this simulator's target) that
         `constexprs` names, as the GPU's manifest lookup picks it (a subset that picks one):
         so a constexpr the variants set per target and the caller does not name (the norm
-        kernels' B) is the built one here too. Given as they are where no variant, or more
-        than one, matches."""
+        kernels' B) is the built one here too. Given as they are where no variant matches
+        (the simulator traces any constexprs); several that match raise, as on the GPU."""
         from ...lowering.targets import get_target
         from ...ops.registry import load_all
         from ..manifest import constexpr_json
@@ -157,7 +157,13 @@ class SimUserLaunch(CallIdentity):
             cache[key] = variants
         hits = [v for v in variants
                 if all(k in v and constexpr_json(v[k]) == q for k, q in query.items())]
-        return {**hits[0], **constexprs} if len(hits) == 1 else constexprs
+        if len(hits) > 1:  # the GPU's manifest lookup refuses it too (loader_base.find_entry)
+            from ..manifest import ManifestError
+            names = sorted(set().union(*hits) - set(query))
+            raise ManifestError(f"{op_or_kernel if isinstance(op_or_kernel, str) else kernel.name!r}"
+                                f": constexprs {query} match {len(hits)} registered variants for "
+                                f"{self.target}; name more of {names}")
+        return {**hits[0], **constexprs} if hits else constexprs
 
     def _user_kernel(self, op_or_kernel: Any) -> Any:
         from ...dsl.kernel import Kernel
