@@ -136,6 +136,12 @@ def test_each_target_has_its_table():
     assert plan_fused_ar_rms("sm_90", 4, 256, 6144, BF16) == "fused_2stage"    # 3 MiB
     assert plan_fused_ar_rms("sm_90", 4, 4096, 8192, BF16) == "fused_2stage"   # 64 MiB
     assert plan_fused_ar_rms("sm_90", 2, 4096, 6144, BF16) == "fused_1stage"
+    # TP2 takes the two-stage kernel only where it runs split, from 4 MiB: 2880, and the
+    # runtime-H sizes of bound 4096 (3072), not 4096 itself (calls M5/M6)
+    assert plan_fused_ar_rms("sm_90", 2, 1024, 2880, BF16) == "fused_2stage"  # 5.6 MiB
+    assert plan_fused_ar_rms("sm_90", 2, 512, 2880, BF16) == "fused_1stage"   # 2.8 MiB
+    assert plan_fused_ar_rms("sm_90", 2, 1024, 3072, BF16) == "fused_2stage"
+    assert plan_fused_ar_rms("sm_90", 2, 1024, 4096, BF16) == "fused_1stage"
     assert plan_fused_ar_rms("gfx1250", 4, 384, 2880, BF16) != "fused_2stage"  # the PR's table
 
 

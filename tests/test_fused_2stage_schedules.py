@@ -79,7 +79,7 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
             hits = [v for v in built if all(k in v and v[k] == q for k, q in query.items())]
             assert len(hits) == 1, (op, query, hits)
             want = (int(split) if split is not None
-                    else dispatch.fused_2stage_splits("sm_90", world, size))
+                    else dispatch.fused_2stage_splits("sm_90", world, size, key == "MAXH"))
             assert hits[0].get("S", 0) == want
     monkeypatch.delenv("PEERDSL_FUSED_SPLIT", raising=False)
     assert dispatch.fused_2stage_kernel("sm_90", 4, 8192)["V"] == 1  # two rows would spill
@@ -91,6 +91,13 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, rows=64) == {
         "U": 4, "V": 1, "E": 0, "S": 0}
     assert dispatch.fused_2stage_kernel("sm_90", 4, 2880, rows=64)["S"] == 1  # split: V = 1
+    # the specialized sizes split where calls M5/M6 timed it faster: 2880 (TP2 and TP4) and
+    # 7168 at TP4, not 4096 (either world) nor 6144/8192; runtime-H bounds up to 4096
+    splits = {(w, h) for w in (2, 4) for h in (2880, 4096, 6144, 7168, 8192)
+              if dispatch.fused_2stage_kernel("sm_90", w, h, rows=1024).get("S")}
+    assert splits == {(2, 2880), (4, 2880), (4, 7168)}
+    assert [dispatch.fused_2stage_kernel("sm_90", 2, m, runtime_h=True).get("S")
+            for m in (2048, 4096, 8192)] == [1, 1, 0]
     assert dispatch.fused_2stage_kernel("sm_90", 2, 6144, rows=64)["V"] == 2  # TP4 only
     # the runtime-H kernel takes the specialized kernel's schedule at its bound: one launch
     # with two rows at MAXH 6144, the whole row ahead at 8192; split only up to 4096

@@ -17,9 +17,10 @@ Then the two-stage kernel got its sm_90 schedules (runtime/kernel_variants.py
 768 KiB: with V = 1 row in flight up to 256 rows (runtime/kernel_variants.py) it beat the
 one-stage kernel at 64-256 rows (H = 6144 64 rows 10.9 / 12.5 us against 13.4 / 12.6, 128
 rows 14.0 / 14.0 against 17.8 / 17.7; H = 2880 256 rows 17.9 / 17.1 against 19.4 / 20.0).
-Up to H = 4096 its schedule is split (stage 1, then a gather launch of its own grid), which in call G4 also won at TP2 from 1024 rows (H = 2880),
-so there the fused entry takes it from 4 MiB (`fused_split_min_bytes`). Every threshold has
-a `PEERDSL_*` environment override, read at each call.
+At some hidden sizes its schedule is split (stage 1, then a gather launch of its own grid:
+`FUSED_2STAGE` split_hidden), which in call G4 also won at TP2 from 1024 rows (H = 2880), so
+there the fused entry takes it from 4 MiB (`fused_split_min_bytes`). Every threshold has a
+`PEERDSL_*` environment override, read at each call.
 
 The one- and two-stage all-reduce kernels also come in variants (ops/_collective.py
 `ar_variants`): B threads per block, U packs per thread per iteration, and for the two-stage
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import layout
+from ..ops._row_slots import RUNTIME_MAXH, SUPPORTED_HIDDEN, runtime_class
 
 MiB = 1 << 20
 PATHS = ("local", "unfused", "fallback", "ll+rmsnorm", "fused_1stage", "fused_2stage")
@@ -60,7 +62,7 @@ class Thresholds:
     fused_two_stage_min_hidden: int | None = None  # None: two_stage_min_hidden
     two_stage_min_bytes: int = 0  # below it the plain all-reduce takes the one-stage kernel
     # below two_stage_min_world: the fused entry takes the two-stage kernel from these bytes
-    # where its schedule splits (FUSED_2STAGE split_max_hidden); None: never
+    # where its schedule splits (FUSED_2STAGE split_hidden); None: never
     fused_split_min_bytes: int | None = None
 
     @property
@@ -256,7 +258,12 @@ def _splits(arch: str, world: int, hidden: int) -> bool:
     """Whether the fused two-stage kernel would run split for `hidden` (PEERDSL_FUSED_SPLIT
     decides where set): the below-two_stage_min_world route exists only for it."""
     forced = _env_ints({"S": _FUSED_ENV["S"]}).get("S")
-    return bool(forced) if forced is not None else fused_2stage_splits(arch, world, hidden)
+    if forced is not None:
+        return bool(forced)
+    if hidden in SUPPORTED_HIDDEN:  # the specialized kernel, where the build has it
+        return fused_2stage_splits(arch, world, hidden)
+    bound = runtime_class(hidden, RUNTIME_MAXH)
+    return bound is not None and fused_2stage_splits(arch, world, bound, runtime_h=True)
 
 
 def _check_forced(forced: str, plan: str, t: Thresholds, world: int, hidden: int,

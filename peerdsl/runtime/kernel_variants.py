@@ -86,12 +86,18 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # packs and V = 2 rows per thread in flight, no end barrier (fitted: V = 1 at H = 8192), the
 # fastest or within 2% of it at every TP4 row count from 256 in call F1 (RESULTS.md), e.g.
 # 6144 x 4096 rows 274.6 us against 347.3 for the default schedule.
-# split_max_hidden: up to this H (or MAXH) the kernel runs S = 1, stage 1 alone, and the
-# gather kernel after it with a grid of one block per row: at 2880 (call G4, RESULTS.md) TP4
-# 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3 against
-# 122.9 for the one-stage kernel; at 6144 it lost (TP4 281.8 vs 274.4): up to 4096, where the
-# gather kernel fits 4 blocks per SM (ops/_row_slots.py norm_min_blocks; TP4 2880 x 4096 rows
-# 157-160 us in calls H4-H6). W = 8 is not measured.
+# split_hidden: the specialized H at which the kernel runs S = 1, stage 1 alone, and the
+# gather kernel after it with a grid of one block per row; split_max_bound: the runtime-H
+# bounds MAXH up to which it does (not re-measured since call G5). 2880 (call G4, RESULTS.md):
+# TP4 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3
+# against 122.9 for the one-stage kernel; M3 (2026-12-07) kept it the fastest from 1024 rows.
+# Calls M5 and M6 (2026-12-07, two sweeps, H100) measured the other sizes: TP4 7168 splits
+# (4096 rows 443.1 / 443.1 against 490.2 / 489.0 for U4V1, 256 rows 39.2 / 39.1 against
+# 42.5 / 40.6, even at 1024); TP4 4096 does not (4096 rows 247.3 / 247.9 against 238.7 /
+# 239.4 for U4V2, even below); nor does TP2 4096 (the one-stage rows kernel 33.3 / 33.6
+# against 38.0 / 35.9 at 1024 rows, 106.7 / 108.2 against 132.9 / 135.1 at 4096); at 6144
+# and 8192 it lost (M6 TP4 4096 rows 373.2 against 340.6, 481.3 against 460.1). W = 8 is not
+# measured.
 # The runtime-H kernel takes the same schedules at its bound MAXH (it ran split up to MAXH
 # 8192 while its one-launch schedule held fewer rows and packs ahead than the specialized
 # one's, 1.12-1.18x of it in call G5; its predicated slot reads, ops/_row_slots.py slot_pack,
@@ -99,10 +105,12 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # V1_max_rows: a call of at most this many rows takes V = 1 (call L3, 2026-12-06, TP4: the
 # two-stage kernel from 64 rows, where V = 1 beat V = 2 in the J2 and L2 sweeps and in L3,
 # H = 6144 256 rows 30.7 / 31.0 us against 32.3 / 32.5; at 1024 rows V = 2 was 2-4% ahead).
-_SM90_FUSED = {"U": 4, "V": 2, "E": 0}
-_SM90_SPLIT = {**_SM90_FUSED, "split_max_hidden": 4096}
-FUSED_2STAGE: dict[str, dict[int, dict[str, int]]] = {
-    "sm_90": {2: _SM90_SPLIT, 4: {**_SM90_SPLIT, "V1_max_rows": 256}, 8: _SM90_FUSED}}
+_SM90_FUSED: dict[str, Any] = {"U": 4, "V": 2, "E": 0}
+FUSED_2STAGE: dict[str, dict[int, dict[str, Any]]] = {"sm_90": {
+    2: {**_SM90_FUSED, "split_hidden": (2880,), "split_max_bound": 4096},
+    4: {**_SM90_FUSED, "split_hidden": (2880, 7168), "split_max_bound": 4096,
+        "V1_max_rows": 256},
+    8: _SM90_FUSED}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
 
 
@@ -121,20 +129,24 @@ def fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool = Fa
     few = rows is not None and rows <= _schedule(arch, world).get("V1_max_rows", 0)
     key = (arch, world, hidden, runtime_h, few, threads, _env_key())
     return _cached(_FUSED_KERNEL_PLANS, key,
-                   lambda: _fused_2stage_kernel(arch, world, hidden, few, threads))
+                   lambda: _fused_2stage_kernel(arch, world, hidden, runtime_h, few, threads))
 
 
-def fused_2stage_splits(arch: str, world: int, hidden: int) -> bool:
-    """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for H (or MAXH) `hidden`."""
-    return hidden <= _schedule(arch, world).get("split_max_hidden", 0)
+def fused_2stage_splits(arch: str, world: int, hidden: int, runtime_h: bool = False) -> bool:
+    """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for the specialized H `hidden`,
+    or, `runtime_h`, for the runtime-H kernel of bound MAXH `hidden`."""
+    table = _schedule(arch, world)
+    if runtime_h:
+        return hidden <= table.get("split_max_bound", 0)
+    return hidden in table.get("split_hidden", ())
 
 
 def _schedule(arch: str, world: int) -> dict[str, int]:
     return FUSED_2STAGE.get(arch, {}).get(world, {})
 
 
-def _fused_2stage_kernel(arch: str, world: int, hidden: int, few_rows: bool = False,
-                         threads: int = NORM_BLOCK) -> dict[str, int]:
+def _fused_2stage_kernel(arch: str, world: int, hidden: int, runtime_h: bool = False,
+                         few_rows: bool = False, threads: int = NORM_BLOCK) -> dict[str, int]:
     from ..ops.fused_ar_rms_2stage import SPLIT_UNROLL, fitted_schedule
     from .dispatch import _FUSED_ENV, _env_ints
     table = _schedule(arch, world)
@@ -144,7 +156,7 @@ def _fused_2stage_kernel(arch: str, world: int, hidden: int, few_rows: bool = Fa
         if few_rows:
             cx["V"] = 1
         # (PEERDSL_FUSED_SPLIT decides before the fit: the two forms fit different U)
-        split = bool(env.get("S", fused_2stage_splits(arch, world, hidden)))
+        split = bool(env.get("S", fused_2stage_splits(arch, world, hidden, runtime_h)))
         if split:
             cx.update(U=SPLIT_UNROLL, V=1, S=1)  # the split variant's build (schedules())
         cx["U"], cx["V"] = fitted_schedule(hidden, world, cx["U"], cx["V"], threads, split)
