@@ -16,10 +16,17 @@ from benchmarks.ncu_ar_one_rank import main as one_rank
 MAPPINGS = ((256, 4), (384, 4), (384, 5), (192, 6), (512, 3), (512, 4))
 
 
+def parse_mappings(pairs: list[str] | None) -> list[tuple[int, int]]:
+    """["448:2", ...] -> [(448, 2), ...] (no MLIR here: the GPU machine runs this file)"""
+    return [tuple(int(v) for v in p.split(":")) for p in pairs or ()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build_probe")
     ap.add_argument("--hidden", type=int, default=2880)
+    ap.add_argument("--mappings", nargs="*", metavar="B:M",
+                    help="the (threads, blocks per SM) pairs (default: MAPPINGS)")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--rows", type=int, nargs="*", default=[4096, 1024, 256])
     ap.add_argument("--rounds", type=int, default=2)
@@ -29,7 +36,7 @@ def main() -> None:
     for rnd in range(args.rounds):
         for rows in args.rows:
             runs = [("triton", [])] + [(p, [f"B={b}", f"M={m}"]) for p in ("norm", "gather")
-                                       for b, m in MAPPINGS]
+                                       for b, m in parse_mappings(args.mappings) or MAPPINGS]
             for path, cx in runs:
                 buf = io.StringIO()
                 with contextlib.redirect_stdout(buf):
