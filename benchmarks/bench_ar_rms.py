@@ -265,11 +265,13 @@ def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
     4 MiB scratch), the one-stage kernel also with each built V rows per iteration
     (`fused_1stage:R2`), the two-stage kernel in each of its schedules (`fused_2stage:U4V2E0`).
     Every rank forces the same paths in the same order. Each result is compared byte for
-    byte with the first path's; a differing path is listed under "mismatch"."""
+    byte with the first path's, the unfused one (all-reduce, then add + RMSNorm); a
+    differing path is listed under "mismatch"."""
     saved = {k: os.environ.get(k) for k in FUSED_ENV}
     got, first, mismatch = {}, None, []
     sm90 = comm.arch == "sm_90"
-    runs = [("ll+rmsnorm", {}), ("fused_1stage", {"R": 1} if sm90 else {})] + [
+    # the unfused path first: every fused path's bytes are checked against it (SPEC 2.3)
+    runs = [("unfused", {}), ("ll+rmsnorm", {}), ("fused_1stage", {"R": 1} if sm90 else {})] + [
         ("fused_1stage", s) for s in (one_stage_rows(x.shape[1], comm.world) if sm90 else [])
     ] + [("fused_2stage", s) for s in (fused_schedules(x.shape[1], comm.world) if sm90
                                        else [{}])]

@@ -69,6 +69,17 @@ def test_sweep_forces_each_one_stage_rows_variant(monkeypatch):
     assert {"fused_1stage_us", "fused_1stage:R2_us", "fused_1stage:R4_us"} <= set(got)
     assert ("fused_1stage", "1") in seen and ("fused_1stage", "4") in seen
     assert "mismatch" not in got and "PEERDSL_FUSED_1STAGE_ROWS" not in os.environ
+    assert seen[0][0] == "unfused"  # the reference every fused path's bytes are checked against
+
+    # a path whose bytes differ from the unfused ones is named
+    class Off(Comm):
+        def fused_allreduce_rmsnorm(self, x, res, w):
+            r = super().fused_allreduce_rmsnorm(x, res, w)
+            if os.environ.get("PEERDSL_FUSED_1STAGE_ROWS") == "2":
+                r.out.view(torch.int16)[0, 0] += 1
+            return r
+    assert B.forced_paths(torch, Off(), x, x, x[0], None, None)["mismatch"] == [
+        "fused_1stage:R2"]
 
 
 def test_sweep_forces_only_built_variants():

@@ -1,8 +1,9 @@
 """The norm kernels' thread mapping per target and hidden size (ops/_row_slots.py
 `norm_block`, lowering/targets.py `norm_threads`): every norm-family kernel of a target is
 built with the same B at one H, the runtime launches what is built, and on sm_90 at H = 2880
-(384 threads, one pack each) every fused path still gives the unfused bytes on every rank and
-meets SPEC section 2 against the float64 reference."""
+(384 threads, one pack each) and 7168 (224 threads, four packs each) every fused path still
+gives the unfused bytes on every rank and meets SPEC section 2 against the float64
+reference."""
 from __future__ import annotations
 
 import pytest
@@ -29,7 +30,7 @@ def test_every_norm_kernel_is_built_with_the_targets_mapping(arch):
             assert v["B"] == norm_block(target, v["H"]), (arch, op, v)
         for v in ops[f"{op}_runtime_h"].variants(target) if f"{op}_runtime_h" in ops else ():
             assert v["B"] == NORM_BLOCK, (arch, op, v)
-    expected = {2880: 384} if arch == "sm_90" else {}
+    expected = {2880: 384, 7168: 224} if arch == "sm_90" else {}
     assert {h: norm_block(target, h) for h in (2880, 4096, 6144, 7168, 8192)
             if norm_block(target, h) != NORM_BLOCK} == expected
 
@@ -90,11 +91,12 @@ def _run(monkeypatch, world, path, xs, residual, weight, opts, split=None):
     return results
 
 
-@pytest.mark.parametrize("world,dt,opts", [
-    (4, torch.bfloat16, {}), (4, torch.bfloat16, {"fp8_out": True, "bf16_mirror": True}),
-    (2, torch.float16, {"gemma_norm": True})])
-def test_sm90_2880_every_path_gives_the_unfused_bytes(monkeypatch, world, dt, opts):
-    rows, hidden = 5, 2880
+@pytest.mark.parametrize("world,dt,opts,hidden", [
+    (4, torch.bfloat16, {}, 2880), (4, torch.bfloat16, {"fp8_out": True, "bf16_mirror": True}, 2880),
+    (2, torch.float16, {"gemma_norm": True}, 2880), (4, torch.bfloat16, {}, 7168)])
+def test_sm90_mapped_sizes_every_path_gives_the_unfused_bytes(monkeypatch, world, dt, opts,
+                                                               hidden):
+    rows, threads = 5, {2880: 384, 7168: 224}[hidden]
     xs, residual, weight = _inputs(world, rows, hidden, dt)
     base = _run(monkeypatch, world, "unfused", xs, residual, weight, opts)
     runs = [("unfused", None), ("ll+rmsnorm", None), ("fused_1stage", None),
@@ -103,9 +105,9 @@ def test_sm90_2880_every_path_gives_the_unfused_bytes(monkeypatch, world, dt, op
         got = _run(monkeypatch, world, path, xs, residual, weight, opts, split)
         for (ref_path, _, ref), (last, blocks, out) in zip(base, got):
             assert (ref_path, last) == ("unfused", path)
-            # every norm kernel of the call ran 384 threads a row
+            # every norm kernel of the call ran the target's threads a row at this H
             norm = [b for name, b in blocks if name.startswith(NORM_PREFIXES)]
-            assert norm and all(b == 384 for b in norm), (path, blocks)
+            assert norm and all(b == threads for b in norm), (path, blocks)
             for a, b in zip(ref, out):
                 assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (path, split)
     first = base[0][2]

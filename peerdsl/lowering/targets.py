@@ -53,6 +53,11 @@ class Target:
     # an H100 (four ranks at once, 4096 rows): add_rmsnorm 128.5 / 128.8 us against 136.0 /
     # 136.2 at 256 (Triton's norm 128.0 / 128.5), the split path's gather 130.3 / 130.6
     # against 139.6 / 140.1; 192 x 2 slots ran within 1%, 512 threads 2-4% slower.
+    # sm_90, H = 7168: 896 packs fill 224 threads' four slots, against 87.5% of 256 threads'
+    # (the same slots a thread, so the collective kernels keep their registers and blocks per
+    # SM). Call M8 (four ranks at once): add_rmsnorm 313.5-314.4 us at 4096 rows against
+    # 327.8 / 328.0 at 256 (Triton's 314.4 / 314.5), the gather 316.7 / 316.8 against 329.3 /
+    # 330.7, 8-13% faster at 256 rows; 448 threads x 2 slots ran the same, 896 x 1 slower.
     norm_threads: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -89,7 +94,7 @@ TARGETS: dict[str, Target] = {
     "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
     "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1,
-                    row_reads_ahead=4, norm_threads=((2880, 384),)),
+                    row_reads_ahead=4, norm_threads=((2880, 384), (7168, 224))),
 }
 
 PRIMARY = "gfx1250"
