@@ -91,11 +91,11 @@ def test_sm90_builds_every_schedule_dispatch_picks(monkeypatch, split):
     assert dispatch.fused_2stage_kernel("sm_90", 4, 6144, rows=64) == {
         "U": 4, "V": 1, "E": 0, "S": 0}
     assert dispatch.fused_2stage_kernel("sm_90", 4, 2880, rows=64)["S"] == 1  # split: V = 1
-    # the specialized sizes split where calls M5/M6 timed it faster: 2880 (TP2 and TP4) and
-    # 7168 at TP4, not 4096 (either world) nor 6144/8192; runtime-H bounds up to 4096
+    # the specialized sizes split where calls M5, M6 and M9 timed it faster: 2880 (TP2 and
+    # TP4), not 4096, 6144, 7168 (224 threads a row) nor 8192; runtime-H bounds up to 4096
     splits = {(w, h) for w in (2, 4) for h in (2880, 4096, 6144, 7168, 8192)
               if dispatch.fused_2stage_kernel("sm_90", w, h, rows=1024).get("S")}
-    assert splits == {(2, 2880), (4, 2880), (4, 7168)}
+    assert splits == {(2, 2880), (4, 2880)}
     assert [dispatch.fused_2stage_kernel("sm_90", 2, m, runtime_h=True).get("S")
             for m in (2048, 4096, 8192)] == [1, 1, 0]
     assert dispatch.fused_2stage_kernel("sm_90", 2, 6144, rows=64)["V"] == 2  # TP4 only

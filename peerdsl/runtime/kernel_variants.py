@@ -91,9 +91,11 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # bounds MAXH up to which it does (not re-measured since call G5). 2880 (call G4, RESULTS.md):
 # TP4 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3
 # against 122.9 for the one-stage kernel; M3 (2026-12-07) kept it the fastest from 1024 rows.
-# Calls M5 and M6 (2026-12-07, two sweeps, H100) measured the other sizes: TP4 7168 splits
-# (4096 rows 443.1 / 443.1 against 490.2 / 489.0 for U4V1, 256 rows 39.2 / 39.1 against
-# 42.5 / 40.6, even at 1024); TP4 4096 does not (4096 rows 247.3 / 247.9 against 238.7 /
+# Calls M5 and M6 (2026-12-07, two sweeps, H100) measured the other sizes: TP4 7168 split
+# while its norm kernels ran 256 threads a row, 3.5 slots each (4096 rows 443.1 / 443.1
+# against 490.2 / 489.0 for U4V1), but with 224 threads (four full slots, lowering/targets.py
+# norm_threads) the one-launch U4V1 was ahead at every row count in call M9's sweep (413.0
+# against 424.4 at 4096 rows, 112.4 against 121.8 at 1024, one sample); TP4 4096 does not (4096 rows 247.3 / 247.9 against 238.7 /
 # 239.4 for U4V2, even below); nor does TP2 4096 (the one-stage rows kernel 33.3 / 33.6
 # against 38.0 / 35.9 at 1024 rows, 106.7 / 108.2 against 132.9 / 135.1 at 4096); at 6144
 # and 8192 it lost (M6 TP4 4096 rows 373.2 against 340.6, 481.3 against 460.1). W = 8 is not
@@ -108,7 +110,7 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 _SM90_FUSED: dict[str, Any] = {"U": 4, "V": 2, "E": 0}
 FUSED_2STAGE: dict[str, dict[int, dict[str, Any]]] = {"sm_90": {
     2: {**_SM90_FUSED, "split_hidden": (2880,), "split_max_bound": 4096},
-    4: {**_SM90_FUSED, "split_hidden": (2880, 7168), "split_max_bound": 4096,
+    4: {**_SM90_FUSED, "split_hidden": (2880,), "split_max_bound": 4096,
         "V1_max_rows": 256},
     8: _SM90_FUSED}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
