@@ -11,15 +11,6 @@ for round in 1 2; do
   step "sweep r$round" 240 env BENCH_ROWS="64 128 256 384 1024 4096" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_m --tp 4 2 --hidden 2880 --vllm-header peers_src --json $W/sweep_r$round.json > $W/sweep_r$round.log 2>&1
   grep -i -m3 "error\|no report" $W/sweep_r$round.log | cut -c1-400
   python3 scripts/fused_pairs_line.py $W/sweep_r$round.json
-  python3 - $W/sweep_r$round.json <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for tp in ("tp4", "tp2"):
-    for k, r in d.get(tp, {}).get("rows", {}).items():
-        p = {n[:-3]: round(v, 1) for n, v in r.get("paths_us", {}).items() if n.endswith("_us")}
-        best = min(p, key=p.get) if p else "-"
-        print(tp, k, r["path"], round(r["fused_us"], 1), "best", best, p.get(best), p,
-              r.get("paths_us", {}).get("mismatch", ""))
-PY
+  python3 scripts/sweep_best_line.py $W/sweep_r$round.json
 done
 true

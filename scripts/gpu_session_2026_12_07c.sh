@@ -11,16 +11,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 step "sweep" 300 env BENCH_ROWS="64 256 1024 4096" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build_m --tp 4 2 --hidden 4096 7168 --vllm-header peers_src --json $W/sweep.json > $W/sweep.log 2>&1
 grep -i -m3 "error\|no report" $W/sweep.log | cut -c1-400
 python3 scripts/fused_pairs_line.py $W/sweep.json
-python3 - $W/sweep.json <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for tp in ("tp4", "tp2"):
-    for k, r in d.get(tp, {}).get("rows", {}).items():
-        p = {n[:-3]: round(v, 1) for n, v in r.get("paths_us", {}).items() if n.endswith("_us")}
-        best = min(p, key=p.get) if p else "-"
-        print(tp, k, r["path"], round(r["fused_us"], 1), "best", best, p.get(best), p,
-              r.get("paths_us", {}).get("mismatch", ""))
-PY
+python3 scripts/sweep_best_line.py $W/sweep.json
 step "example" 150 env PYTHONPATH=. python3 examples/ar_bias_rmsnorm/run_gpu.py --build build_m --tp 2 4 --hidden 2880 --rows 1 64 1024 4096 --json $W/example.json > $W/example.log 2>&1
 tail -8 $W/example.log | cut -c1-300
 true
