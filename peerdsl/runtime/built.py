@@ -138,16 +138,16 @@ class Built:
         == unfused); a build that mixes two, in one op or across them (a partial rebuild
         merged into an older manifest), is refused rather than launched."""
         family = NORM_OPS if size_key == "H" else tuple(RUNTIME_H_OPS.values())
-        blocks = {o: {int(c.get("B", NORM_BLOCK)) for c in self.variants.get(o, ())
-                      if size_key in c and int(c[size_key]) == size} for o in {*family, op}}
+        sized = {o: [c for c in self.variants.get(o, ())
+                     if size_key in c and int(c[size_key]) == size] for o in {*family, op}}
+        blocks = {o: {int(c.get("B", NORM_BLOCK)) for c in cs} for o, cs in sized.items()}
         if len(set().union(*blocks.values())) > 1:
             which = ", ".join(f"{o} B={sorted(b)}" for o, b in sorted(blocks.items()) if b)
             raise ValueError(f"the norm kernels for {size_key}={size} are built with several "
                              f"thread mappings ({which}; {self.source}): their rows would not "
                              f"normalize alike; {self.build_hint}")
-        named = any("B" in c for c in self.variants.get(op, ())
-                    if size_key in c and int(c[size_key]) == size)
-        return blocks[op].pop() if named else None
+        named = [int(c["B"]) for c in sized[op] if "B" in c]
+        return named[0] if named else None
 
     def check_world(self, world: int) -> None:
         if world == 1:  # every call takes a local path: no collective kernel

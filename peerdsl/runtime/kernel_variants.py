@@ -95,11 +95,11 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # while its norm kernels ran 256 threads a row, 3.5 slots each (4096 rows 443.1 / 443.1
 # against 490.2 / 489.0 for U4V1), but with 224 threads (four full slots, lowering/targets.py
 # norm_threads) the one-launch U4V1 was ahead at every row count in call M9's sweep (413.0
-# against 424.4 at 4096 rows, 112.4 against 121.8 at 1024, one sample); TP4 4096 does not (4096 rows 247.3 / 247.9 against 238.7 /
-# 239.4 for U4V2, even below); nor does TP2 4096 (the one-stage rows kernel 33.3 / 33.6
-# against 38.0 / 35.9 at 1024 rows, 106.7 / 108.2 against 132.9 / 135.1 at 4096); at 6144
-# and 8192 it lost (M6 TP4 4096 rows 373.2 against 340.6, 481.3 against 460.1). W = 8 is not
-# measured.
+# against 424.4 at 4096 rows, 112.4 against 121.8 at 1024, one sample); TP4 4096 does not
+# split (4096 rows 247.3 / 247.9 against 238.7 / 239.4 for U4V2, even below); nor does TP2
+# 4096 (the one-stage rows kernel 33.3 / 33.6 against 38.0 / 35.9 at 1024 rows, 106.7 /
+# 108.2 against 132.9 / 135.1 at 4096); at 6144 and 8192 it lost (M6 TP4 4096 rows 373.2
+# against 340.6, 481.3 against 460.1). W = 8 is not measured.
 # The runtime-H kernel takes the same schedules at its bound MAXH (it ran split up to MAXH
 # 8192 while its one-launch schedule held fewer rows and packs ahead than the specialized
 # one's, 1.12-1.18x of it in call G5; its predicated slot reads, ops/_row_slots.py slot_pack,
