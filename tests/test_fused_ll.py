@@ -40,7 +40,8 @@ def _result(r):
     return (r.out, r.residual_out, r.q, r.scale)
 
 
-@pytest.mark.parametrize("world,hidden,rows", [(2, 2880, 5), (4, 4096, 3), (2, 6144, 1)])
+@pytest.mark.parametrize("world,hidden,rows", [(2, 2880, 5), (4, 4096, 3), (2, 6144, 1),
+                                             (4, 7168, 6)])
 @pytest.mark.parametrize("options", [{}, {"fp8_out": True, "bf16_mirror": True},
                                      {"gemma_norm": True}])
 def test_one_launch_gives_the_two_launches_bytes(monkeypatch, world, hidden, rows, options):
