@@ -102,9 +102,7 @@ def test_fused_paths_and_arguments(comm, monkeypatch):
     assert (fll, cx) == ("fused_ar_rms_ll", {"T": "bf16", "H": 6144, "B": 256, "W": 4,
                                               "FP8": "e4m3fn"})
     assert args["ll"] == comm.ll_peers and args["rank"] == 1 and args["rows"] == 2
-    # a block per row, and more to push the rows' packs one a thread (2 x 768 / 256), as the
-    # LL all-reduce's grid below
-    assert args["lines_per_peer"] == (64 << 10) // 8 and grid == 6 and args["flags"] == 0
+    assert args["lines_per_peer"] == (64 << 10) // 8 and grid == 2 and args["flags"] == 0
     comm.log.clear()
     comm.force_runtime_h = True  # it is specialized only: the two launches
     comm.fused_allreduce_rmsnorm(x, res, w)

@@ -54,9 +54,8 @@ def _all(conds):
     return ok
 
 
-def wait_lines(lines, vs, epoch, tag, limit, me, rank, ranks=None):
-    """The W lines of a half pack (rank order) as first read are `vs` (or any lines, with
-    `ranks` naming each one's source rank); unless every one is
+def _wait_lines(lines, vs, epoch, tag, limit, me, rank):
+    """The W lines of a half pack (rank order) as first read are `vs`; unless every one is
     accepted already, spin (bounded), each poll re-reading every line not yet accepted: where
     the target keeps polls in flight together (sm_90), the wait ends one round trip after the
     last peer's line lands, not one per peer that was late on the first read. A
@@ -79,18 +78,16 @@ def wait_lines(lines, vs, epoch, tag, limit, me, rank, ranks=None):
             odd = [dsl.select((v[1] == epoch) & (v[3] != want), o + 1, 0)
                    for v, o in zip(vs, odd)]
             n = n + 1
-        _record_first_failed_line(vs, epoch, want, tag, me, rank,
-                                  list(range(len(vs))) if ranks is None else ranks)
+        _record_first_failed_line(vs, epoch, want, tag, me, rank)
     return vs
 
 
-def _record_first_failed_line(vs, epoch, want, tag, me, rank, ranks):
-    """Write the record for the line that explains the failed wait (see wait_lines)."""
+def _record_first_failed_line(vs, epoch, want, tag, me, rank):
+    """Write the record for the line that explains the failed wait (see _wait_lines)."""
     late, other = -1, -1          # the first line not there yet / of another call
     late_seen, late_flag, other_flag = 0, 0, 0
-    # selects in reverse rank order (stable): the lowest rank, then the first line, wins
-    for j in reversed(sorted(range(len(vs)), key=lambda j: ranks[j])):
-        v, peer = vs[j], ranks[j]
+    for peer in reversed(range(len(vs))):   # selects in reverse: the lowest rank wins
+        v = vs[peer]
         is_other = (v[1] == epoch) & (v[3] != want)
         is_late = v[1] != epoch
         other = dsl.select(is_other, peer, other)
@@ -148,17 +145,11 @@ def ll_first_reads(lines):
 
 
 def ll_half_sum(lines, first, epoch, tag, limit, me, rank, T):
-    """The lines of a half pack as first read (`first`), waited for (wait_lines) and summed
+    """The lines of a half pack as first read (`first`), waited for (_wait_lines) and summed
     in rank order (f32)."""
-    return ll_lines_sum(wait_lines(lines, first, epoch, tag, limit, me, rank), T)
-
-
-def ll_lines_sum(got, T):
-    """The data of every rank's line of a half pack (rank order, accepted), summed in rank
-    order (f32): each line's two data words are elements 0-1 and 4-5 of its T view."""
     P = dsl.vec16(T)
-    views = [v.bitcast(P) for v in got]
-    return rank_order_sum([[v.to_f32() for v in (g[0], g[1], g[4], g[5])] for g in views])
+    got = [v.bitcast(P) for v in _wait_lines(lines, first, epoch, tag, limit, me, rank)]
+    return rank_order_sum([[v.to_f32() for v in (g[0], g[1], g[4], g[5])] for g in got])
 
 
 def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, W, tag=0,
@@ -167,7 +158,7 @@ def ll_collect(out, ll, me, rank, epoch, bank_base, n_packs, lines_per_peer, T, 
 
     A half pack at a time (line 0 carries elements 0-3, line 1 elements 4-7): every rank's
     line of the half is read before any is waited for, and every poll re-reads the W lines
-    together (`wait_lines`), so the loads are in flight at once. Each element is summed
+    together (`_wait_lines`), so the loads are in flight at once. Each element is summed
     over the ranks in order, so a half at a time gives the same bits; storing each half as
     soon as it is summed keeps one half's lines in registers, not all 2W."""
     half_pack = dsl.ir.VectorType(T, 4)

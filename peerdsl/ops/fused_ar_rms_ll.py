@@ -1,14 +1,14 @@
 """Fused LL all-reduce + add + RMSNorm (+ FP8 per-token, + T mirror): SPEC section 5's
 `ll+rmsnorm` path in one launch, with no barrier.
 
-First every thread of the grid pushes its share of the rows' packs, as the LL all-reduce does
-(ops/allreduce_ll.py: the same lines, banks, epoch and tags, in every rank's scratch, spread
-over the whole grid, which may have more blocks than rows). Then block b takes rows b, b + G,
-...; thread t owns the packs of each row that the add + RMSNorm kernel gives it
-(ops/_row_slots.py): it reads every rank's lines of all of them, waits for them in one spin,
-sums them in rank order and rounds to T (the bytes the LL all-reduce stores), and runs the
-add + RMSNorm epilogue (ops/_rows.py) on them. So out, residual_out and the FP8 bytes equal
-those of the LL all-reduce followed by add_rmsnorm, and the input is read in place.
+Block b takes rows b, b + G, ...; thread t owns the packs of each row that the add + RMSNorm
+kernel gives it (ops/_row_slots.py). First it pushes every pack it owns, as the LL all-reduce
+does (ops/allreduce_ll.py: the same lines, banks, epoch and tags, in every rank's scratch);
+then, row by row, it waits for every rank's lines of its packs, sums them in rank order and
+rounds to T (the bytes the LL all-reduce stores), and runs the add + RMSNorm epilogue
+(ops/_rows.py) on them. So out, residual_out and the FP8 bytes equal those of the LL
+all-reduce followed by add_rmsnorm, and the input is read in place. A row's packs are pushed
+by the same block that collects them on every rank, since every rank launches the same grid.
 
 Built for NVIDIA targets only (runtime/built.py FUSED_LL_OP; the fused entry launches it for
 `ll+rmsnorm` where it is built for H and W): AMD targets keep the two launches the gfx1250
@@ -17,67 +17,22 @@ PR measured.
 from .. import dsl, layout
 from ..dsl import PeerPtrs, Ptr, constexpr
 from ._rows import (NORM_BLOCK, SUPPORTED_HIDDEN, collective_min_blocks, norm_block,
-                    pack_index, pack_valid, residual_norm_row, row_geometry)
-from .allreduce_ll import (advance_ll_epoch, ll_first_reads, ll_half_lines, ll_lines_sum,
-                           ll_push, ll_regions, next_ll_epoch, wait_lines)
+                    pack_index, pack_valid, residual_norm_block_rows, row_geometry)
+from .allreduce_ll import (advance_ll_epoch, ll_first_reads, ll_half_lines, ll_half_sum,
+                           ll_push_pack, ll_regions, next_ll_epoch)
 from .registry import register
 
 
-def _pack_lines(regions, row, H, k):
-    """Every rank's two lines of this thread's k-th pack of the row, [half][rank]. A slot past
-    the row (where the block's threads do not divide the row's packs) names pack 0's lines
-    instead: every rank pushes them, so waiting for them costs nothing more, and that slot's
-    sum is never used."""
+def ll_reduced_pack(regions, row, k, H, T, epoch, tag, limit, me, rank):
+    """This thread's k-th pack of the row: every rank's lines, summed in rank order and
+    rounded to T (as f32), as the LL all-reduce stores them. Both halves' lines are read
+    before either is waited for: one round trip a pack where they are there already."""
     packs, _ = row_geometry(H)
-    p = pack_index(k)
-    valid = pack_valid(H, k)
-    if valid is not True:
-        p = dsl.select(valid, p, 0)
-    return [ll_half_lines(regions, row * packs + p, half) for half in range(2)]
-
-
-# Lines read before the first of their waits: the most that fit sm_90's 128 registers with
-# no spill at every H and W (24 spilled 112-144 bytes at W = 4 from H = 6144; every line's 16
-# bytes stay live until its half pack is summed)
-LINES_PER_READ = 16
-
-
-def row_sums(regions, row, H, T, W, epoch, tag, limit, me, rank):
-    """This thread's packs of one row, each every rank's lines summed in rank order and
-    rounded to T (as f32), as the LL all-reduce stores them, read through `row_pack`.
-
-    The lines of LINES_PER_READ // W half packs (in pack order) are read before the first is
-    waited for (allreduce_ll.wait_lines: a bounded spin over one half pack's W lines), so
-    where the lines are there such a group costs one round trip, not one per pack. A group is
-    read when its first pack is asked for, after the previous packs' residual_out stores, so
-    its lines are not live beside theirs; where some slot lies past the row (its reads sit
-    under a traced `if`), every group is read here, before any."""
-    _, per_thread = row_geometry(H)
-    halves = [(k, h) for k in range(per_thread) for h in range(2)]
-    size = max(1, LINES_PER_READ // W)
-    sums = {"where": (regions, row, H, T, W), "wait": (epoch, tag, limit, me, rank),
-            "groups": [halves[i:i + size] for i in range(0, len(halves), size)], "summed": {}}
-    if not all(pack_valid(H, k) is True for k in range(per_thread)):
-        for group in sums["groups"]:
-            _read_group(sums, group)
-    return sums
-
-
-def _read_group(sums, group):
-    regions, row, H, T, W = sums["where"]
-    lines = [_pack_lines(regions, row, H, k)[h] for k, h in group]
-    reads = [ll_first_reads(half) for half in lines]
-    for (k, h), half, read in zip(group, lines, reads):
-        sums["summed"][k, h] = ll_lines_sum(wait_lines(half, read, *sums["wait"]), T)
-
-
-def row_pack(sums, k):
-    """The k-th pack of row_sums' row (its group read on first use)."""
-    for group in sums["groups"]:
-        if (k, 1) in group and (k, 1) not in sums["summed"]:
-            _read_group(sums, group)
-    T = sums["where"][3]
-    return [a.to(T).to_f32() for a in sums["summed"][k, 0] + sums["summed"][k, 1]]
+    i = row * packs + pack_index(k)
+    lines = [ll_half_lines(regions, i, half) for half in range(2)]
+    first = [ll_first_reads(half_lines) for half_lines in lines]
+    sums = [ll_half_sum(lines[h], first[h], epoch, tag, limit, me, rank, T) for h in range(2)]
+    return [a.to(T).to_f32() for a in sums[0] + sums[1]]
 
 
 @dsl.kernel(block_size="B", min_blocks="M")
@@ -97,16 +52,18 @@ def fused_ar_rms_ll(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out: Ptr[
     limit = dsl.select(sticky == 0, dsl.load(me + layout.SIG_SPIN_LIMIT), 0)
     tag = dsl.select(sticky == 0, call, call | layout.TAG_ABORT)
     bank_base = (epoch & 1) * (W * lines_per_peer)
-    packs, _ = row_geometry(H)
-    # every block pushes a share of every row's packs (the grid may hold more blocks than
-    # rows: those only push), so a few rows' pushes are spread as the LL all-reduce's are
-    ll_push(x, ll, rank, epoch, bank_base, rows * packs, lines_per_peer, W, tag)
-    regions = ll_regions(ll, rank, bank_base, lines_per_peer, W)
+    packs, per_thread = row_geometry(H)
+    src = x.cast(dsl.i32x4)
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
-        sums = row_sums(regions, row, H, T, W, epoch, call, limit, me, rank)
-        # (a lambda, not a nested def: the tracer rewrites nested defs' calls)
-        residual_norm_row(lambda k: row_pack(sums, k), row, H, T, residual, residual_out, weight, eps,
-                          flags, out, q, scale, FP8)
+        for k in range(per_thread):
+            if pack_valid(H, k):
+                i = row * packs + pack_index(k)
+                ll_push_pack(src[i], i, ll, rank, epoch, epoch ^ tag, bank_base,
+                             lines_per_peer, W)
+    regions = ll_regions(ll, rank, bank_base, lines_per_peer, W)
+    residual_norm_block_rows(
+        lambda row, k: ll_reduced_pack(regions, row, k, H, T, epoch, call, limit, me, rank),
+        rows, 1, H, T, residual, residual_out, weight, eps, flags, out, q, scale, FP8)
     advance_ll_epoch(me, epoch)
 
 

@@ -61,11 +61,7 @@ def fused_ll(comm: Any, hidden: int) -> bool:
 
 
 def fused_ll_launch(comm: Any, rows: int, hidden: int, T: Any) -> tuple[dict, int]:
-    """(constexprs, grid) of that launch: a block per row, or more where the rows' packs
-    need them for a pack a thread to push (those blocks only push), at most the resident
-    grid."""
+    """(constexprs, grid) of that launch: a block per row, at most the resident grid."""
     rk = comm._row_kernel(FUSED_LL_OP, hidden)
     cx = {"T": T, **rk.constexprs, "W": comm.world, "FP8": comm.fp8_format}
-    threads = rk.block or NORM_BLOCK
-    pushers = -(-rows * (hidden // 8) // threads)
-    return cx, max(1, min(max(rows, pushers), comm.max_grid, layout.MAX_BLOCKS))
+    return cx, max(1, min(rows, comm.max_grid, layout.MAX_BLOCKS))
