@@ -246,11 +246,14 @@ FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", *SCHEDULE_ENV.values(
 
 
 def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
-    """Every fused two-stage schedule the sm_90 build holds for `hidden` and `world`."""
+    """Every fused two-stage schedule the sm_90 build holds for `hidden` and `world`: a size
+    that is not specialized runs the runtime-H kernel of its bound MAXH, at NORM_BLOCK."""
     from peerdsl.lowering.targets import get_target
-    from peerdsl.ops._row_slots import norm_block
+    from peerdsl.ops._row_slots import NORM_BLOCK, SUPPORTED_HIDDEN, norm_block, runtime_class
     from peerdsl.ops.fused_ar_rms_2stage import schedules
     sm90 = get_target("sm_90")
+    if hidden not in SUPPORTED_HIDDEN:
+        return schedules(sm90, runtime_class(hidden), world, NORM_BLOCK)
     return schedules(sm90, hidden, world, norm_block(sm90, hidden))
 
 

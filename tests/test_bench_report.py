@@ -101,3 +101,13 @@ def test_sweep_forces_only_built_variants():
                            for v in two_stage), (H, W, sched)
             for r in B.one_stage_rows(H, W):
                 assert any(v["H"] == H and v["W"] == W and v["V"] == r["R"] for v in rows), (H, W)
+    # a size that is not specialized: the runtime-H kernel of its bound, which the rows
+    # kernel is not built for
+    runtime_h = ops["fused_ar_rms_2stage_runtime_h"].variants(sm90)
+    for H, bound in ((2048, 2048), (3584, 4096), (5120, 6144), (12288, 12288)):
+        for W in (2, 4):
+            scheds = B.fused_schedules(H, W)
+            assert any(s.get("S") == 1 for s in scheds) and not B.one_stage_rows(H, W)
+            for sched in scheds:
+                assert any(v["MAXH"] == bound and v["W"] == W and
+                           all(v[k] == sched[k] for k in sched) for v in runtime_h), (H, W, sched)
