@@ -3,7 +3,9 @@ fused1`) with its peers' barrier arrivals written in advance: a launch Nsight Co
 profile, and a timing without barrier waits. `--path gather` runs the split fused two-stage
 path's second launch (ops/fused_ar_rms_gather.py), which waits for no peer: the peers'
 staging holds their reduced column shards (`gather_staging`), its grid one block per row.
-`--path norm` runs add_rmsnorm on the all-reduced rows: the same bytes as the gather, read
+`--path stage1` runs that path's first launch (fused_ar_rms_2stage with S = 1: the column
+shards reduced into each rank's own staging, between its two barriers). `--path norm` runs
+add_rmsnorm on the all-reduced rows: the same bytes as the gather, read
 from one buffer instead of W shards; `--path triton` the Triton add + RMSNorm of
 bench_ar_rms.py (the pair's norm) on them. `--cx B=384 M=4` picks a built variant by more
 constexprs (scripts/norm_block_probe_build.py builds several thread mappings).
@@ -19,7 +21,8 @@ each launch the launched rank's Signal holds, in each slot its barriers wait on,
 peers would have sent: {epoch 2, the call's tag}. Its first barrier (target 1) then sees a
 peer one barrier ahead (accepted: that peer vouched for this call), the second (target 2)
 its target with the tag. Kernels with two barriers only: allreduce_1stage, allreduce_2stage
-with E=0, and fused_ar_rms_1stage (V rows per block as the communicator picks them). The
+with E=0, fused_ar_rms_2stage with S=1, and fused_ar_rms_1stage (V rows per block as the
+communicator picks them). The
 block epochs are zeroed before each launch (so the same slots serve every launch and every
 ncu replay pass, which restores memory in between). The peers' staging holds their reduced
 shards, so `out` is the whole all-reduce: checked bitwise against the rank-order reference
@@ -78,7 +81,8 @@ class TritonNorm:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--path", choices=["1stage", "2stage", "fused1", "gather", "norm", "triton"],
+    ap.add_argument("--path", choices=["1stage", "2stage", "fused1", "stage1", "gather", "norm",
+                                       "triton"],
                     default="2stage")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--rank", type=int, default=0)
@@ -101,12 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     from peerdsl.runtime.cuda.loader import CudaLoader
     W, dev = args.world, torch.device("cuda:0")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    fused = args.path in ("fused1", "gather", "norm", "triton")
+    fused = args.path in ("fused1", "stage1", "gather", "norm", "triton")
     local = args.path in ("gather", "norm", "triton")  # no barrier: one block per row
     if local:
         V, name = 1, {"gather": "fused_ar_rms_gather", "norm": "add_rmsnorm",
                       "triton": "add_rmsnorm"}[args.path]
         cx = {"T": "bf16", "H": args.hidden, **({"W": W} if args.path == "gather" else {})}
+    elif args.path == "stage1":  # the build's one split schedule for T, H and W
+        V, name = 1, "fused_ar_rms_2stage"
+        cx = {"T": "bf16", "H": args.hidden, "W": W, "S": 1}
     elif fused:
         from peerdsl.runtime.kernel_variants import fused_1stage_rows
         V = fused_1stage_rows("sm_90", W, args.rows, args.hidden, sms // W)
@@ -152,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         staging = [t.clone() for t in ref.view(-1).view(W, -1)]
     elif args.path == "gather":
         staging = gather_staging(all_reduced, W)
+    elif args.path == "stage1":  # what it writes: each rank's own column shard, zeroed here
+        staging = [torch.zeros_like(t) for t in gather_staging(all_reduced, W)]
     scratch = [torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32, device=dev)
                for _ in range(W)]  # what the fake peers' Signals receive
     ranks = list(range(W)) if args.all_ranks else [args.rank]
@@ -167,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         if fused:  # outs[r] is residual_out; out is the normed row (not checked)
             a.update(out=torch.empty_like(ref), residual_out=outs[r], residual=residual,
                      weight=weight, q=0, scale=0, rows=args.rows, eps=1e-6, flags=0)
-        if args.path == "gather":  # reads the staging, not the inputs
+        if args.path == "stage1":  # its own staging is what it writes, checked below
+            outs[r] = staging[r]
+            a.update(out=torch.empty_like(ref), residual_out=torch.empty_like(ref),
+                     staging=[t.data_ptr() for t in staging])
+        elif args.path == "gather":  # reads the staging, not the inputs
             del a["inp"], a["call"]
             a["staging"] = [t.data_ptr() for t in staging]
         elif args.path in ("norm", "triton"):  # reads the all-reduced rows; no Signal
@@ -209,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         if err[0]:
             print(f"rank {r}: a wait failed (error record {err}): the prefill is wrong")
             return 1
-        if not torch.equal(outs[r].view(torch.int16), ref.view(torch.int16)):
+        want = gather_staging(all_reduced, W)[r] if args.path == "stage1" else ref
+        if not torch.equal(outs[r].view(torch.int16), want.view(torch.int16)):
             print(f"rank {r}: out differs from the rank-order reference")
             return 1
     what = (f"{args.path} {' '.join(f'{k}={v}' for k, v in cx.items())} rows={args.rows} "
@@ -222,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     # shard pack, stage 2 reads W and writes W; gather: staging and residual read, out and
     # residual_out written
     moved = {"1stage": (W + 1) * packs, "2stage": (3 * W + 1) * work,
-             "fused1": (W + 3) * packs, "gather": 4 * packs, "norm": 4 * packs,
+             "fused1": (W + 3) * packs, "stage1": (W + 1) * packs // W, "gather": 4 * packs,
+             "norm": 4 * packs,
              "triton": 4 * packs}[args.path] * 16
     print(f"{what}: exact; {total:.1f} us per call with the epoch reset, {memset:.1f} us "
           f"the reset alone, so ~{total - memset:.1f} us the kernel(s); "
