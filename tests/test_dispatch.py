@@ -159,6 +159,21 @@ def test_fused_ll_range_has_its_own_override(monkeypatch):
     assert plan_fused_ar_rms("gfx1250", 4, 16, 6144, BF16) == "fused_2stage"
 
 
+def test_sm90_plain_all_reduce_ll_range_per_world(monkeypatch):
+    """sm_90's LL range is 320 KiB at TP2 and 128 KiB at other worlds (call N6); the
+    variable sets every world's, and a smaller scratch caps each."""
+    assert plan_all_reduce("sm_90", 2, 320 << 10) == "ll"
+    assert plan_all_reduce("sm_90", 2, (320 << 10) + 16) == "1stage"
+    assert plan_all_reduce("sm_90", 4, 192 << 10) == "1stage"
+    assert plan_all_reduce("sm_90", 4, 128 << 10) == "ll"
+    assert plan_all_reduce("sm_90", 2, 192 << 10, capacity={"ll_max_bytes": 64 << 10}) \
+        == "1stage"
+    assert plan_all_reduce("gfx1250", 2, 4 * MiB) == "ll"  # the SPEC table: one range
+    monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(64 << 10))
+    assert plan_all_reduce("sm_90", 2, 192 << 10) == "1stage"
+    assert plan_all_reduce("sm_90", 2, 64 << 10) == "ll"
+
+
 @pytest.mark.parametrize("raw_environ", [True, False])
 def test_cached_plans_follow_the_environment_at_once(monkeypatch, raw_environ):
     if not raw_environ:  # where os.environ has no dict of its own: os.environ.get per name

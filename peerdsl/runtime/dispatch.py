@@ -64,6 +64,14 @@ class Thresholds:
     # below two_stage_min_world: the fused entry takes the two-stage kernel from these bytes
     # where its schedule splits (FUSED_2STAGE split_hidden); None: never
     fused_split_min_bytes: int | None = None
+    # (world, bytes): the plain all-reduce's LL range for that world size in place of
+    # ll_max_bytes (PEERDSL_LL_MAX_BYTES, where set, is every world's); never past the
+    # scratch a communicator allocated
+    ll_max_bytes_by_world: tuple[tuple[int, int], ...] = ()
+
+    def ll_cap(self, world: int) -> int:
+        """The plain all-reduce's LL range at `world` ranks."""
+        return dict(self.ll_max_bytes_by_world).get(world, self.ll_max_bytes)
 
     @property
     def fused_ll_cap(self) -> int:
@@ -87,9 +95,15 @@ TABLES = {
     # 30.1 us), from 256 rows at 6144 (2048: 146.8 vs 169.2) and at 8192 (256: 36.3 vs
     # 38.2; 4096: 372.0 vs 404.7); with V = 1 up to 256 rows it also wins from 768 KiB
     # (call L3, 2026-12-06: H = 6144 and 8192 from 64 rows, 2880 at 256 rows)
+    # ll_max_bytes_by_world: at TP2 the LL kernel (no barrier) beat the one-stage one (its
+    # end barrier's release, SPEC section 3) up to 288 KiB and lost from 384 KiB (call N6,
+    # 2026-12-07, H100, twice interleaved: 6144 x 16 rows 4.2 / 4.7 us against 4.9 / 5.5,
+    # 8192 x 16 4.6 / 4.6 against 5.8 / 5.7, 6144 x 24 5.9 / 5.7 against 6.3 / 6.3; 6144 x 32
+    # 8.0 / 6.5 against 6.4 / 5.5); TP4 keeps 128 KiB (call J1: LL 9.4 us at 16 rows)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=768 << 10, fused_two_stage_min_hidden=2048,
-                        two_stage_min_bytes=128 * MiB, fused_split_min_bytes=4 * MiB),
+                        two_stage_min_bytes=128 * MiB, fused_split_min_bytes=4 * MiB,
+                        ll_max_bytes_by_world=((2, 320 << 10),)),
 }
 
 _ENV = {
@@ -154,6 +168,10 @@ def _thresholds(arch: str, capacity: dict[str, int] | None) -> Thresholds:
     if capacity:
         t = dataclasses.replace(t, **{k: min(getattr(t, k), int(v))
                                       for k, v in capacity.items()})
+        if "ll_max_bytes" in capacity:
+            scratch = int(capacity["ll_max_bytes"])
+            t = dataclasses.replace(t, ll_max_bytes_by_world=tuple(
+                (w, min(b, scratch)) for w, b in t.ll_max_bytes_by_world))
     return t
 
 
@@ -169,6 +187,8 @@ def _with_env(arch: str) -> Thresholds:
     for field, value in values.items():
         if value < 0:
             raise ValueError(f"{_ENV[field]}={os.environ[_ENV[field]]!r} must be >= 0")
+    if "ll_max_bytes" in values:  # one LL range for every world, as the variable says
+        values["ll_max_bytes_by_world"] = ()
     return dataclasses.replace(TABLES[arch], **values)
 
 
@@ -313,7 +333,7 @@ def _plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool,
         return "local"
     if not contiguous or nbytes % 16 or nbytes > t.custom_ar_max_bytes:
         return "fallback"
-    if nbytes <= t.ll_max_bytes:
+    if nbytes <= t.ll_cap(world):
         return "ll"
     if (world >= t.two_stage_min_world and nbytes >= t.two_stage_min_bytes
             and _staging_fits(t, world, nbytes // 16, nbytes)):
