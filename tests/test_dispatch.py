@@ -169,6 +169,11 @@ def test_sm90_plain_all_reduce_ll_range_per_world(monkeypatch):
     assert plan_all_reduce("sm_90", 2, 192 << 10, capacity={"ll_max_bytes": 64 << 10}) \
         == "1stage"
     assert plan_all_reduce("gfx1250", 2, 4 * MiB) == "ll"  # the SPEC table: one range
+    monkeypatch.setenv("PEERDSL_FUSED_PATH", "ll+rmsnorm")  # forcing follows the same range
+    assert plan_fused_ar_rms("sm_90", 2, 16, 6144, BF16) == "ll+rmsnorm"  # 192 KiB
+    with pytest.raises(ValueError, match="LL cap 131072 at world size 4"):
+        plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16)
+    monkeypatch.delenv("PEERDSL_FUSED_PATH")
     monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(64 << 10))
     assert plan_all_reduce("sm_90", 2, 192 << 10) == "1stage"
     assert plan_all_reduce("sm_90", 2, 64 << 10) == "ll"

@@ -300,8 +300,8 @@ def _check_forced(forced: str, plan: str, t: Thresholds, world: int, hidden: int
             why = "the input is not contiguous 16-byte rows"
         elif nbytes > t.custom_ar_max_bytes:
             why = f"{nbytes} bytes exceed the custom all-reduce cap {t.custom_ar_max_bytes}"
-        elif forced == "ll+rmsnorm" and nbytes > t.ll_max_bytes:
-            why = f"{nbytes} bytes exceed the LL cap {t.ll_max_bytes}"
+        elif forced == "ll+rmsnorm" and nbytes > t.ll_cap(world):
+            why = f"{nbytes} bytes exceed the LL cap {t.ll_cap(world)} at world size {world}"
         elif forced == "fused_2stage" and not _staging_fits(t, world, hidden // 8, nbytes):
             why = (f"two-stage needs bytes/world <= {t.staging_bytes} and hidden/8 divisible by "
                    f"world ({nbytes} bytes, hidden {hidden}, world {world})")
