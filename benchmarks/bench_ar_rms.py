@@ -245,22 +245,24 @@ SCHEDULE_ENV = {"U": "PEERDSL_FUSED_UNROLL", "V": "PEERDSL_FUSED_ROWS",
 FUSED_ENV = ("PEERDSL_FUSED_PATH", "PEERDSL_LL_MAX_BYTES", *SCHEDULE_ENV.values())
 
 
-def fused_schedules(hidden: int, world: int) -> list[dict[str, int]]:
+def fused_schedules(hidden: int, world: int, runtime_h: bool = False) -> list[dict[str, int]]:
     """Every fused two-stage schedule the sm_90 build holds for `hidden` and `world`: a size
-    that is not specialized runs the runtime-H kernel of its bound MAXH, at NORM_BLOCK."""
+    that is not specialized (or any, `runtime_h`: the communicator's force_runtime_h) runs
+    the runtime-H kernel of its bound MAXH, at NORM_BLOCK."""
     from peerdsl.lowering.targets import get_target
     from peerdsl.ops._row_slots import NORM_BLOCK, SUPPORTED_HIDDEN, norm_block, runtime_class
     from peerdsl.ops.fused_ar_rms_2stage import schedules
     sm90 = get_target("sm_90")
-    if hidden not in SUPPORTED_HIDDEN:
+    if runtime_h or hidden not in SUPPORTED_HIDDEN:
         return schedules(sm90, runtime_class(hidden), world, NORM_BLOCK)
     return schedules(sm90, hidden, world, norm_block(sm90, hidden))
 
 
-def one_stage_rows(hidden: int, world: int) -> list[dict[str, int]]:
-    """The one-stage kernel's rows per iteration the sm_90 build holds beyond 1 ({R: V})."""
+def one_stage_rows(hidden: int, world: int, runtime_h: bool = False) -> list[dict[str, int]]:
+    """The one-stage kernel's rows per iteration the sm_90 build holds beyond 1 ({R: V}):
+    none where the runtime-H kernels are forced (the rows kernel is specialized only)."""
     from peerdsl.ops.fused_ar_rms_1stage import rows_in_flight
-    return [{"R": v} for v in rows_in_flight(hidden, world)]
+    return [] if runtime_h else [{"R": v} for v in rows_in_flight(hidden, world)]
 
 
 def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
@@ -273,11 +275,13 @@ def forced_paths(torch, comm, x, res, w, dev, sync) -> dict:
     saved = {k: os.environ.get(k) for k in FUSED_ENV}
     got, first, mismatch = {}, None, []
     sm90 = comm.arch == "sm_90"
+    runtime_h = getattr(comm, "force_runtime_h", False)
     # the unfused path first: every fused path's bytes are checked against it (SPEC 2.3)
     runs = [("unfused", {}), ("ll+rmsnorm", {}), ("fused_1stage", {"R": 1} if sm90 else {})] + [
-        ("fused_1stage", s) for s in (one_stage_rows(x.shape[1], comm.world) if sm90 else [])
-    ] + [("fused_2stage", s) for s in (fused_schedules(x.shape[1], comm.world) if sm90
-                                       else [{}])]
+        ("fused_1stage", s) for s in (one_stage_rows(x.shape[1], comm.world, runtime_h)
+                                      if sm90 else [])
+    ] + [("fused_2stage", s) for s in (fused_schedules(x.shape[1], comm.world, runtime_h)
+                                       if sm90 else [{}])]
     try:
         os.environ["PEERDSL_LL_MAX_BYTES"] = str(comm.meta_layout.ll_max_bytes)
         for path, sched in runs:

@@ -26,8 +26,8 @@ communicator picks them). The
 block epochs are zeroed before each launch (so the same slots serve every launch and every
 ncu replay pass, which restores memory in between). The peers' staging holds their reduced
 shards, so `out` is the whole all-reduce: checked bitwise against the rank-order reference
-(the fused kernel's residual_out: that sum plus the residual), and the Signal's error record
-must stay clear.
+(the fused kernel's residual_out: that sum plus the residual; stage 1's own staging: its
+column shard of that sum), and the Signal's error record must stay clear.
 
 `--all-ranks` launches every rank's kernel at once on its own stream (each with its own
 pre-filled Signal): the HBM traffic of W ranks, without their barrier waits or skew. The
@@ -233,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     total, memset = timed(True), timed(False)
     # one-stage: W packs read per pack written; two-stage: stage 1 reads W and writes 1 per
-    # shard pack, stage 2 reads W and writes W; gather: staging and residual read, out and
-    # residual_out written
+    # shard pack, stage 2 reads W and writes W; stage1: that first stage alone, per rank a
+    # 1 / W share of the packs; gather: staging and residual read, out and residual_out
+    # written
     moved = {"1stage": (W + 1) * packs, "2stage": (3 * W + 1) * work,
              "fused1": (W + 3) * packs, "stage1": (W + 1) * packs // W, "gather": 4 * packs,
              "norm": 4 * packs,

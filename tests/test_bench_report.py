@@ -104,10 +104,11 @@ def test_sweep_forces_only_built_variants():
     # a size that is not specialized: the runtime-H kernel of its bound, which the rows
     # kernel is not built for
     runtime_h = ops["fused_ar_rms_2stage_runtime_h"].variants(sm90)
-    for H, bound in ((2048, 2048), (3584, 4096), (5120, 6144), (12288, 12288)):
+    for H, bound, forced in ((2048, 2048, False), (3584, 4096, False), (5120, 6144, False),
+                             (12288, 12288, False), (2880, 4096, True), (7168, 8192, True)):
         for W in (2, 4):
-            scheds = B.fused_schedules(H, W)
-            assert any(s.get("S") == 1 for s in scheds) and not B.one_stage_rows(H, W)
+            scheds = B.fused_schedules(H, W, forced)
+            assert any(s.get("S") == 1 for s in scheds) and not B.one_stage_rows(H, W, forced)
             for sched in scheds:
                 assert any(v["MAXH"] == bound and v["W"] == W and
                            all(v[k] == sched[k] for k in sched) for v in runtime_h), (H, W, sched)

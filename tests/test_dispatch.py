@@ -174,6 +174,10 @@ def test_sm90_plain_all_reduce_ll_range_per_world(monkeypatch):
     with pytest.raises(ValueError, match="LL cap 131072 at world size 4"):
         plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16)
     monkeypatch.delenv("PEERDSL_FUSED_PATH")
+    monkeypatch.setenv("PEERDSL_FUSED_LL_MAX_BYTES", str(320 << 10))  # the fused entry's too
+    assert plan_fused_ar_rms("sm_90", 2, 16, 6144, BF16) == "ll+rmsnorm"
+    assert plan_fused_ar_rms("sm_90", 4, 16, 6144, BF16) != "ll+rmsnorm"
+    monkeypatch.delenv("PEERDSL_FUSED_LL_MAX_BYTES")
     monkeypatch.setenv("PEERDSL_LL_MAX_BYTES", str(64 << 10))
     assert plan_all_reduce("sm_90", 2, 192 << 10) == "1stage"
     assert plan_all_reduce("sm_90", 2, 64 << 10) == "ll"

@@ -4,7 +4,9 @@ gfx1250 defaults are the SPEC's table; gfx950 and gfx942 keep it until measured.
 its own LL cap: on the lent H200 (ranks sharing one GPU's HBM, benchmarks/RESULTS.md) the LL
 all-reduce, which moves four times the bytes of the one-stage kernel, cost 13 us at 16 rows
 and 46 us at 64 rows (TP4, H=6144) while the two-stage kernel took 43 us at 384 rows, so LL
-only pays below about 128 KiB there. For the fused entry the one-stage kernel beat LL + add +
+only pays below about 128 KiB there; at TP2 up to 320 KiB (call N6, 2026-12-07, H100: there
+the LL kernel beat the one-stage one, whose end barrier pays SPEC section 3's release, up to
+288 KiB). For the fused entry the one-stage kernel beat LL + add +
 RMSNorm at every row count measured (1 to 256 rows, TP2 and TP4, H 2880/6144/8192: e.g. TP4
 H=6144 one row 10.5 vs 12.3 us), so sm_90's fused LL range is empty; and the one-stage fused
 kernel beat the two-stage one up to 256 rows at TP4 (H=6144: 9.5 vs 11.7 us at 16 rows, 29.5
@@ -73,11 +75,12 @@ class Thresholds:
         """The plain all-reduce's LL range at `world` ranks."""
         return dict(self.ll_max_bytes_by_world).get(world, self.ll_max_bytes)
 
-    @property
-    def fused_ll_cap(self) -> int:
+    def fused_ll_cap(self, world: int) -> int:
+        """The fused entry's LL range at `world` ranks: never past the plain all-reduce's,
+        whose LL kernel its two-launch form runs."""
         if self.fused_ll_max_bytes is None:
-            return self.ll_max_bytes
-        return min(self.fused_ll_max_bytes, self.ll_max_bytes)
+            return self.ll_cap(world)
+        return min(self.fused_ll_max_bytes, self.ll_cap(world))
 
 
 TABLES = {
@@ -96,10 +99,13 @@ TABLES = {
     # 38.2; 4096: 372.0 vs 404.7); with V = 1 up to 256 rows it also wins from 768 KiB
     # (call L3, 2026-12-06: H = 6144 and 8192 from 64 rows, 2880 at 256 rows)
     # ll_max_bytes_by_world: at TP2 the LL kernel (no barrier) beat the one-stage one (its
-    # end barrier's release, SPEC section 3) up to 288 KiB and lost from 384 KiB (call N6,
+    # end barrier's release, SPEC section 3) on the mean of two rounds up to 288 KiB and
+    # lost from 384 KiB (call N6,
     # 2026-12-07, H100, twice interleaved: 6144 x 16 rows 4.2 / 4.7 us against 4.9 / 5.5,
     # 8192 x 16 4.6 / 4.6 against 5.8 / 5.7, 6144 x 24 5.9 / 5.7 against 6.3 / 6.3; 6144 x 32
-    # 8.0 / 6.5 against 6.4 / 5.5); TP4 keeps 128 KiB (call J1: LL 9.4 us at 16 rows)
+    # 8.0 / 6.5 against 6.4 / 5.5); TP4 keeps 128 KiB, not re-measured on the H100 between
+    # 128 and 768 KiB (call J1, H200: LL 9.4 us at 16 rows, even with the one-stage kernel,
+    # and 21.7 at 64 rows against 10.3-11.5)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=768 << 10, fused_two_stage_min_hidden=2048,
                         two_stage_min_bytes=128 * MiB, fused_split_min_bytes=4 * MiB,
@@ -257,7 +263,7 @@ def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8
         plan = "unfused"
     elif nbytes > t.custom_ar_max_bytes:
         plan = "fallback"
-    elif nbytes <= t.fused_ll_cap:
+    elif nbytes <= t.fused_ll_cap(world):
         plan = "ll+rmsnorm"
     elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(
             t, world, hidden, nbytes, t.fused_two_stage_min_hidden):
