@@ -91,7 +91,8 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # bounds MAXH up to which it does (call N2, 2026-12-07, two sweeps: from 1024 rows the split
 # kernel was the fastest at MAXH 2048 (H = 2048: TP4 4096 rows 137.6 / 138.2 us against
 # 156.9 / 159.1 for U4V2) and fastest or even at MAXH 4096 (H = 3584: TP4 1024 rows 63.9 /
-# 64.8 against 67.9 / 68.0), and 9-11% slower at MAXH 6144 (H = 5120)). 2880 (call G4):
+# 64.8 against 67.9 / 68.0), and 7-16% slower than the fastest path from 1024 rows at MAXH
+# 6144 (H = 5120)). 2880 (call G4):
 # TP4 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3
 # against 122.9 for the one-stage kernel; M3 (2026-12-07) kept it the fastest from 1024 rows.
 # Calls M5 and M6 (2026-12-07, two sweeps, H100) measured the other sizes: TP4 7168 split
