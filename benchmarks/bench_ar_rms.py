@@ -250,12 +250,11 @@ def fused_schedules(hidden: int, world: int, runtime_h: bool = False) -> list[di
     that is not specialized (or any, `runtime_h`: the communicator's force_runtime_h) runs
     the runtime-H kernel of its bound MAXH, at NORM_BLOCK."""
     from peerdsl.lowering.targets import get_target
-    from peerdsl.ops._row_slots import NORM_BLOCK, SUPPORTED_HIDDEN, norm_block, runtime_class
+    from peerdsl.ops._row_slots import NORM_BLOCK, kernel_size, norm_block
     from peerdsl.ops.fused_ar_rms_2stage import schedules
     sm90 = get_target("sm_90")
-    if runtime_h or hidden not in SUPPORTED_HIDDEN:
-        return schedules(sm90, runtime_class(hidden), world, NORM_BLOCK)
-    return schedules(sm90, hidden, world, norm_block(sm90, hidden))
+    size, runtime_h = kernel_size(hidden, runtime_h)
+    return schedules(sm90, size, world, NORM_BLOCK if runtime_h else norm_block(sm90, size))
 
 
 def one_stage_rows(hidden: int, world: int, runtime_h: bool = False) -> list[dict[str, int]]:

@@ -83,6 +83,16 @@ def runtime_class(hidden: int, classes: "tuple[int, ...]" = RUNTIME_MAXH) -> int
     return min((c for c in classes if c >= hidden), default=None)
 
 
+def kernel_size(hidden: int, runtime_h: bool = False) -> tuple[int | None, bool]:
+    """(H, False) where the specialized kernels serve `hidden`, else (its runtime-H bound
+    MAXH, True): the size that picks a row kernel's variants and schedules (None past the
+    largest bound). `runtime_h` forces the runtime-H kernel, as a communicator's
+    force_runtime_h does. A build may still lack either (runtime/built.py row_kernel)."""
+    if not runtime_h and hidden in SUPPORTED_HIDDEN:
+        return hidden, False
+    return runtime_class(hidden), True
+
+
 class RuntimeHidden:
     """The hidden size of a runtime-H kernel: `hidden`, a traced i32 (a multiple of PACK in
     [1, max_hidden], which the host checks), and `max_hidden`, the constexpr bound that fixes

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import layout
-from ..ops._row_slots import RUNTIME_MAXH, SUPPORTED_HIDDEN, runtime_class
+from ..ops._row_slots import kernel_size
 
 MiB = 1 << 20
 PATHS = ("local", "unfused", "fallback", "ll+rmsnorm", "fused_1stage", "fused_2stage")
@@ -100,10 +100,10 @@ TABLES = {
     # (call L3, 2026-12-06: H = 6144 and 8192 from 64 rows, 2880 at 256 rows)
     # ll_max_bytes_by_world: at TP2 the LL kernel (no barrier) beat the one-stage one (its
     # end barrier's release, SPEC section 3) on the mean of two rounds up to 288 KiB and
-    # lost from 384 KiB (call N6,
-    # 2026-12-07, H100, twice interleaved: 6144 x 16 rows 4.2 / 4.7 us against 4.9 / 5.5,
-    # 8192 x 16 4.6 / 4.6 against 5.8 / 5.7, 6144 x 24 5.9 / 5.7 against 6.3 / 6.3; 6144 x 32
-    # 8.0 / 6.5 against 6.4 / 5.5); TP4 keeps 128 KiB, not re-measured on the H100 between
+    # lost from 384 KiB (call N6, 2026-12-07, H100, twice interleaved: 6144 x 16 rows 4.2 /
+    # 4.7 us against 4.9 / 5.5, 8192 x 16 4.6 / 4.6 against 5.8 / 5.7, 6144 x 24 5.9 / 5.7
+    # against 6.3 / 6.3; 6144 x 32 8.0 / 6.5 against 6.4 / 5.5); TP4 keeps 128 KiB, not
+    # re-measured on the H100 between
     # 128 and 768 KiB (call J1, H200: LL 9.4 us at 16 rows, even with the one-stage kernel,
     # and 21.7 at 64 rows against 10.3-11.5)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
@@ -286,10 +286,8 @@ def _splits(arch: str, world: int, hidden: int) -> bool:
     forced = _env_ints({"S": _FUSED_ENV["S"]}).get("S")
     if forced is not None:
         return bool(forced)
-    if hidden in SUPPORTED_HIDDEN:  # the specialized kernel, where the build has it
-        return fused_2stage_splits(arch, world, hidden)
-    bound = runtime_class(hidden, RUNTIME_MAXH)
-    return bound is not None and fused_2stage_splits(arch, world, bound, runtime_h=True)
+    size, runtime_h = kernel_size(hidden)
+    return size is not None and fused_2stage_splits(arch, world, size, runtime_h)
 
 
 def _check_forced(forced: str, plan: str, t: Thresholds, world: int, hidden: int,
