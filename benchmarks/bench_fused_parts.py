@@ -23,7 +23,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchmarks.bench_ar_rms import graph_time_us  # noqa: E402
+from benchmarks.rank_harness import graph_time_us  # noqa: E402
 from benchmarks.rank_harness import (norm_inputs, rank_communicator, rank_env,  # noqa: E402
                                      run_ranks)
 

@@ -7,7 +7,8 @@ starts and stops it), each rank printing one `REPORT <json>` line.
 
 `run_ranks` adds `--rank-worker RANK WORLD PORT` to the command, waits for every rank within
 one deadline (all are killed when it passes) and returns the reports in rank order, or None
-(printing the tail of a silent rank's output) when a rank gave none.
+(printing the tail of a silent rank's output) when a rank gave none. `graph_time_us` is
+how each rank times a call (METHOD.md: a CUDA graph of 20 calls, 30 replays, the median).
 """
 from __future__ import annotations
 
@@ -106,3 +107,29 @@ def norm_inputs(torch, rows: int, hidden: int, dev):
     res = torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(dev)
     w = (torch.rand(hidden, generator=g) + 0.5).to(torch.bfloat16).to(dev)
     return x, res, w
+
+
+# a timing: a CUDA graph of CALLS calls, replayed REPLAYS times (METHOD.md)
+CALLS, REPLAYS = 20, 30
+
+
+def graph_time_us(torch, fn, dev, sync=None, capture=None) -> float:
+    """Median us per call of fn over REPLAYS replays of a graph of CALLS calls. `capture` is
+    the communicator's graph_capture, so captured collectives read their inputs in place
+    (registered after the capture), as in a serving engine's graphs."""
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    with capture() if capture else contextlib.nullcontext():
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(CALLS):
+                fn()
+    def before() -> None:
+        if sync:
+            sync()
+        torch.cuda.synchronize(dev)
+    return replay_median_us(torch, g, CALLS, REPLAYS, before)

@@ -41,14 +41,14 @@ def test_peers_table_is_empty_without_peer_figures():
 
 
 def test_sweep_forces_each_one_stage_rows_variant(monkeypatch):
-    """bench_ar_rms.forced_paths on sm_90 times the plain one-stage kernel (R1 forced, the
+    """forced_paths.forced_paths on sm_90 times the plain one-stage kernel (R1 forced, the
     bare label) and each built rows-per-iteration variant, and restores the environment."""
     import os
     import types
 
     import torch
 
-    from benchmarks import bench_ar_rms as B
+    from benchmarks import forced_paths as B
 
     seen = []
 
@@ -86,7 +86,7 @@ def test_sweep_forces_only_built_variants():
     """Every schedule and rows-per-iteration variant the sm_90 sweep forces is one the build
     holds, with the target's threads a row at each size (call M2's sweep forced U4 schedules
     at H = 2880, which 384 threads a row do not build, and a rank stopped)."""
-    from benchmarks import bench_ar_rms as B
+    from benchmarks import forced_paths as B
     from peerdsl.lowering.targets import get_target
     from peerdsl.ops import registry
     from peerdsl.ops._row_slots import SUPPORTED_HIDDEN

@@ -32,7 +32,7 @@ def rank_main(rank: int, world: int, port: int, build: str, hidden: list[int],
     import torch
     import torch.distributed as dist
 
-    from benchmarks.bench_ar_rms import graph_time_us
+    from benchmarks.rank_harness import graph_time_us
     from peerdsl import Communicator
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
