@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.path == "gather":
         staging = gather_staging(all_reduced, W)
     elif args.path == "stage1":  # what it writes: each rank's own column shard, zeroed here
-        staging = [torch.zeros_like(t) for t in gather_staging(all_reduced, W)]
+        shards = gather_staging(all_reduced, W)
+        staging = [torch.zeros_like(t) for t in shards]
     scratch = [torch.zeros(layout.SIGNAL_BYTES // 4, dtype=torch.int32, device=dev)
                for _ in range(W)]  # what the fake peers' Signals receive
     ranks = list(range(W)) if args.all_ranks else [args.rank]
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if err[0]:
             print(f"rank {r}: a wait failed (error record {err}): the prefill is wrong")
             return 1
-        want = gather_staging(all_reduced, W)[r] if args.path == "stage1" else ref
+        want = shards[r] if args.path == "stage1" else ref
         if not torch.equal(outs[r].view(torch.int16), want.view(torch.int16)):
             print(f"rank {r}: out differs from the rank-order reference")
             return 1
