@@ -70,6 +70,10 @@ class Thresholds:
     # ll_max_bytes (PEERDSL_LL_MAX_BYTES, where set, is every world's); never past the
     # scratch a communicator allocated
     ll_max_bytes_by_world: tuple[tuple[int, int], ...] = ()
+    # (world, runtime-H bound MAXH, bytes): the fused entry's two-stage floor at a hidden
+    # size the runtime-H kernels serve, in place of fused_two_stage_min_bytes
+    # (PEERDSL_FUSED_TWO_STAGE_MIN_BYTES, where set, is every size's)
+    fused_two_stage_min_bytes_runtime_h: tuple[tuple[int, int, int], ...] = ()
 
     def ll_cap(self, world: int) -> int:
         """The plain all-reduce's LL range at `world` ranks."""
@@ -81,6 +85,16 @@ class Thresholds:
         if self.fused_ll_max_bytes is None:
             return self.ll_cap(world)
         return min(self.fused_ll_max_bytes, self.ll_cap(world))
+
+    def fused_two_stage_floor(self, world: int, hidden: int) -> int:
+        """The fused entry's two-stage floor in bytes for `hidden` at `world` ranks."""
+        if self.fused_two_stage_min_bytes_runtime_h:
+            bound, runtime_h = kernel_size(hidden)
+            if runtime_h:
+                for w, maxh, nbytes in self.fused_two_stage_min_bytes_runtime_h:
+                    if (w, maxh) == (world, bound):
+                        return nbytes
+        return self.fused_two_stage_min_bytes
 
 
 TABLES = {
@@ -109,7 +123,9 @@ TABLES = {
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=768 << 10, fused_two_stage_min_hidden=2048,
                         two_stage_min_bytes=128 * MiB, fused_split_min_bytes=4 * MiB,
-                        ll_max_bytes_by_world=((2, 320 << 10),)),
+                        ll_max_bytes_by_world=((2, 320 << 10),),
+                        fused_two_stage_min_bytes_runtime_h=(
+                            (4, 2048, 2 * MiB), (4, 4096, 2 * MiB), (4, 6144, 16 * MiB))),
 }
 
 _ENV = {
@@ -195,6 +211,8 @@ def _with_env(arch: str) -> Thresholds:
             raise ValueError(f"{_ENV[field]}={os.environ[_ENV[field]]!r} must be >= 0")
     if "ll_max_bytes" in values:  # one LL range for every world, as the variable says
         values["ll_max_bytes_by_world"] = ()
+    if "fused_two_stage_min_bytes" in values:  # likewise every hidden size's floor
+        values["fused_two_stage_min_bytes_runtime_h"] = ()
     return dataclasses.replace(TABLES[arch], **values)
 
 
@@ -265,7 +283,7 @@ def _plan_fused_ar_rms(arch: str, world: int, rows: int, hidden: int, dtype, fp8
         plan = "fallback"
     elif nbytes <= t.fused_ll_cap(world):
         plan = "ll+rmsnorm"
-    elif nbytes >= t.fused_two_stage_min_bytes and two_stage_fits(
+    elif nbytes >= t.fused_two_stage_floor(world, hidden) and two_stage_fits(
             t, world, hidden, nbytes, t.fused_two_stage_min_hidden):
         plan = "fused_2stage"
     elif (t.fused_split_min_bytes is not None and world < t.two_stage_min_world
