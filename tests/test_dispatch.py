@@ -183,6 +183,29 @@ def test_sm90_plain_all_reduce_ll_range_per_world(monkeypatch):
     assert plan_all_reduce("sm_90", 2, 64 << 10) == "ll"
 
 
+def test_sm90_fused_two_stage_floor_per_runtime_h_bound(monkeypatch):
+    """At TP4 the sizes the runtime-H kernels serve take the two-stage kernel from their
+    bound's floor (calls P1 and P2), the specialized sizes from fused_two_stage_min_bytes;
+    PEERDSL_FUSED_TWO_STAGE_MIN_BYTES sets every size's."""
+    plan = lambda w, rows, h: plan_fused_ar_rms("sm_90", w, rows, h, BF16)  # noqa: E731
+    assert plan(4, 256, 2048) == "fused_1stage"    # MAXH 2048, 1 MiB
+    assert plan(4, 512, 2048) == "fused_2stage"    # 2 MiB
+    assert plan(4, 256, 3584) == "fused_1stage"    # MAXH 4096, 1.75 MiB
+    assert plan(4, 1024, 3584) == "fused_2stage"
+    assert plan(4, 1024, 5120) == "fused_1stage"   # MAXH 6144, 10 MiB
+    assert plan(4, 2048, 5120) == "fused_2stage"   # 20 MiB
+    assert plan(4, 64, 6144) == "fused_2stage"     # specialized: from 768 KiB
+    assert plan(4, 256, 2880) == "fused_2stage"
+    assert plan(2, 256, 5120) == "fused_1stage"    # TP2: its own split route only
+    t = dispatch.thresholds("sm_90")
+    assert t.fused_two_stage_floor(8, 5120) == t.fused_two_stage_min_bytes  # W = 8: unmeasured
+    assert dispatch.thresholds("gfx1250").fused_two_stage_floor(4, 5120) == 0
+    monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", str(1 * MiB))
+    assert plan(4, 256, 2048) == "fused_2stage"
+    assert plan(4, 1024, 5120) == "fused_2stage"
+    assert plan(4, 64, 6144) == "fused_1stage"
+
+
 @pytest.mark.parametrize("raw_environ", [True, False])
 def test_cached_plans_follow_the_environment_at_once(monkeypatch, raw_environ):
     if not raw_environ:  # where os.environ has no dict of its own: os.environ.get per name
