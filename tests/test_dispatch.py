@@ -189,7 +189,7 @@ def test_sm90_fused_two_stage_floor_per_runtime_h_bound(monkeypatch):
     PEERDSL_FUSED_TWO_STAGE_MIN_BYTES sets every size's."""
     plan = lambda w, rows, h: plan_fused_ar_rms("sm_90", w, rows, h, BF16)  # noqa: E731
     assert plan(4, 256, 2048) == "fused_1stage"    # MAXH 2048, 1 MiB
-    assert plan(4, 512, 2048) == "fused_2stage"    # 2 MiB
+    assert plan(4, 384, 2048) == "fused_2stage"    # 1.5 MiB
     assert plan(4, 256, 3584) == "fused_1stage"    # MAXH 4096, 1.75 MiB
     assert plan(4, 1024, 3584) == "fused_2stage"
     assert plan(4, 1024, 5120) == "fused_1stage"   # MAXH 6144, 10 MiB

@@ -119,13 +119,24 @@ TABLES = {
     # against 6.3 / 6.3; 6144 x 32 8.0 / 6.5 against 6.4 / 5.5); TP4 keeps 128 KiB, not
     # re-measured on the H100 between
     # 128 and 768 KiB (call J1, H200: LL 9.4 us at 16 rows, even with the one-stage kernel,
-    # and 21.7 at 64 rows against 10.3-11.5)
+    # and 21.7 at 64 rows against 10.3-11.5); on the H100 (call P2, twice interleaved) LL
+    # lost from 135 KiB (6144 x 16 rows 10.6 / 12.1 against 7.3 / 8.6)
+    # fused_two_stage_min_bytes_runtime_h: at TP4 the runtime-H one-stage kernel beat the
+    # runtime-H two-stage one below these floors (calls N2, P1, P2, 2026-12-07, H100, 2-6
+    # samples a cell). MAXH 2048 (H = 2048): 1 MiB one-stage 14.5 us on the mean of six
+    # against 16.3 for the split kernel dispatch took; 1.5 MiB split 19.1 against 20.1;
+    # 2 MiB split 22.6 / 23.8 against 27.4 / 28.6. MAXH 4096 (3584): 1.75 MiB one-stage 21.9
+    # (mean of four) against 22.7; 2.6 MiB split 31.0 / 32.8 against 34.7 / 35.2. MAXH 6144
+    # (5120): one-stage ahead at 1.25-5 MiB (2.5 MiB: 27.0-31.5 against 28.4-38.0) and 2%
+    # at 10 MiB (86.1 against 87.7, mean of four), two-stage 1% ahead at 20 MiB (157.9
+    # against 159.5) and 3% at 40 MiB. MAXH 8192 (7680) keeps 768 KiB: even at 128-256 rows,
+    # the two-stage kernel 3-6% ahead from 512 rows, and at 64 rows 14.1 against 15.0
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=768 << 10, fused_two_stage_min_hidden=2048,
                         two_stage_min_bytes=128 * MiB, fused_split_min_bytes=4 * MiB,
                         ll_max_bytes_by_world=((2, 320 << 10),),
                         fused_two_stage_min_bytes_runtime_h=(
-                            (4, 2048, 2 * MiB), (4, 4096, 2 * MiB), (4, 6144, 16 * MiB))),
+                            (4, 2048, 3 * MiB // 2), (4, 4096, 2 * MiB), (4, 6144, 16 * MiB))),
 }
 
 _ENV = {
