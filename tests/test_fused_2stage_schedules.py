@@ -153,7 +153,8 @@ def _fused_bytes(world, hidden, force_runtime_h, opts, rows=9):
 
 
 @pytest.mark.parametrize("hidden,world,force_runtime_h", [(2880, 4, False), (6144, 2, False),
-                                                          (5120, 4, False), (6144, 4, True)])
+                                                          (5120, 4, False), (6144, 4, True),
+                                                          (10240, 4, False)])
 @pytest.mark.parametrize("opts", [{}, {"fp8_out": True, "bf16_mirror": True},
                                   {"gemma_norm": True}])
 def test_split_schedule_gives_the_unfused_bytes(monkeypatch, hidden, world, force_runtime_h,
@@ -228,7 +229,7 @@ def test_gather_reads_nothing_while_the_error_record_is_set(error_set):
 def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
     """H <= 4096: the split schedule, at TP4 from 768 KiB (the two-stage threshold) and at TP2
     from 4 MiB; H = 6144 keeps the one-launch schedule at TP4 and the one-stage kernel at
-    TP2; the runtime-H kernel splits where the specialized one does (up to MAXH 4096);
+    TP2; the runtime-H kernel splits up to MAXH 4096 and, at TP4, at MAXH 12288 and 16384;
     W = 8 never splits (not measured)."""
     def plan(world, rows, hidden):
         path = dispatch.plan_fused_ar_rms("sm_90", world, rows, hidden, torch.bfloat16)
@@ -245,11 +246,16 @@ def test_sm90_dispatch_splits_where_the_sweep_measured_it_faster():
     assert plan(2, 2048, 6144) == ("fused_1stage", None)
     assert plan(8, 4096, 2880) == ("fused_2stage", 0)
     assert dispatch.fused_2stage_kernel("sm_90", 4, 4096, runtime_h=True)["S"] == 1  # MAXH 4096
-    # runtime-H: one launch from MAXH 6144 (its predicated reads fit the specialized
-    # schedules), as at 16384 and W = 8
-    for maxh, split in ((6144, 0), (8192, 0), (16384, 0)):
+    # runtime-H: one launch at MAXH 6144 and 8192 (their predicated reads fit the
+    # specialized schedules) and at W = 8; split again at TP4's MAXH 12288 and 16384, whose
+    # one-launch form is the default schedule (call P3), but not at TP2
+    for maxh, split in ((6144, 0), (8192, 0), (12288, 1), (16384, 1)):
         assert dispatch.fused_2stage_kernel("sm_90", 4, maxh, runtime_h=True)["S"] == split
+    assert dispatch.fused_2stage_kernel("sm_90", 4, 16384, runtime_h=True)["U"] == 0
+    assert dispatch.fused_2stage_kernel("sm_90", 2, 16384, runtime_h=True)["S"] == 0
+    assert plan(2, 1024, 16384) == ("fused_1stage", None)
     assert dispatch.fused_2stage_kernel("sm_90", 8, 8192, runtime_h=True)["S"] == 0
+    assert dispatch.fused_2stage_kernel("sm_90", 8, 16384, runtime_h=True)["S"] == 0
     assert dispatch.plan_fused_ar_rms("gfx1250", 2, 4096, 2880, torch.bfloat16) == "fused_1stage"
 
 

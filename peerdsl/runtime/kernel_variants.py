@@ -108,6 +108,13 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # 8192 while its one-launch schedule held fewer rows and packs ahead than the specialized
 # one's, 1.12-1.18x of it in call G5; its predicated slot reads, ops/_row_slots.py slot_pack,
 # now fit the specialized schedules without spilling: 1.00-1.03x of them in call H5).
+# split_bounds: runtime-H bounds past split_max_bound that split too. MAXH 12288 and 16384
+# build only the default one-launch schedule (U0V1E1: the others spilled), and the split
+# kernel (U0V1E0S1) beat it at every TP4 row count in call P3 (2026-12-07, H100, two
+# sweeps: H = 12288 x 1024 rows 232.4 / 230.2 us against 259.9 / 259.0, 16384 x 2048 550.1 /
+# 553.7 against 619.2 / 621.9, 10240 x 256 60.4 / 63.5 against 67.7 / 71.1); at TP2 it
+# lost to the one-stage kernel (16384 x 256 rows 49.2 / 48.5 against 42.8 / 41.4), and the
+# TP2 table does not name them.
 # V1_max_rows: a call of at most this many rows takes V = 1 (call L3, 2026-12-06, TP4: the
 # two-stage kernel from 64 rows, where V = 1 beat V = 2 in the J2 and L2 sweeps and in L3,
 # H = 6144 256 rows 30.7 / 31.0 us against 32.3 / 32.5; at 1024 rows V = 2 was 2-4% ahead).
@@ -115,7 +122,7 @@ _SM90_FUSED: dict[str, Any] = {"U": 4, "V": 2, "E": 0}
 FUSED_2STAGE: dict[str, dict[int, dict[str, Any]]] = {"sm_90": {
     2: {**_SM90_FUSED, "split_hidden": (2880,), "split_max_bound": 4096},
     4: {**_SM90_FUSED, "split_hidden": (2880,), "split_max_bound": 4096,
-        "V1_max_rows": 256},
+        "split_bounds": (12288, 16384), "V1_max_rows": 256},
     8: _SM90_FUSED}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
 
@@ -143,7 +150,8 @@ def fused_2stage_splits(arch: str, world: int, hidden: int, runtime_h: bool = Fa
     or, `runtime_h`, for the runtime-H kernel of bound MAXH `hidden`."""
     table = _schedule(arch, world)
     if runtime_h:
-        return hidden <= table.get("split_max_bound", 0)
+        return (hidden <= table.get("split_max_bound", 0)
+                or hidden in table.get("split_bounds", ()))
     return hidden in table.get("split_hidden", ())
 
 
