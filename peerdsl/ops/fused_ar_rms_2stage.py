@@ -207,14 +207,15 @@ def fitted_schedule(H: int, W: int, U: int, V: int, threads: int = NORM_BLOCK,
     build's resources), for a hidden size or a runtime-H bound H alike (the runtime-H
     kernel's predicated slots, ops/_row_slots.py slot_pack, fit the same schedules): stage 1
     holds U x W loaded packs (at most 16), stage 2 V rows of a thread's packs (at most 6).
-    W = 8 and bounds of more than 4 packs per thread (MAXH 16384) keep the default schedule:
-    their other schedules spilled 8-104 bytes, and W = 8 cannot be measured on the one lent
-    GPU. With more than NORM_BLOCK `threads` a row the kernel fits 2 blocks per SM
+    W = 8 and, in one launch, bounds of more than 4 packs per thread (MAXH 12288 and 16384)
+    keep the default schedule: their other schedules spilled 8-104 bytes, and W = 8 cannot
+    be measured on the one lent GPU. Stage 1 alone holds no row, so there those bounds take
+    U x W = 16 too (112 registers at W = 4, no spill). With more than NORM_BLOCK `threads` a row the kernel fits 2 blocks per SM
     (_row_slots.collective_min_blocks: 85 registers at 384), where the one-launch kernel
     (not `split`) at U x W = 16 spilled 40 bytes (H = 2880, W = 4, V = 1): at most 8 there;
     stage 1 alone fit 16 (79 registers)."""
     per_thread = -(-H // (PACK * threads))
-    if per_thread > 4 or W > 4:
+    if W > 4 or per_thread > 4 and not split:
         return 0, 1
     most = 8 if threads > NORM_BLOCK and not split else 16
     while U > 1 and U * W > most:
