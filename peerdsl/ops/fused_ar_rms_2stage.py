@@ -210,10 +210,10 @@ def fitted_schedule(H: int, W: int, U: int, V: int, threads: int = NORM_BLOCK,
     W = 8 and, in one launch, bounds of more than 4 packs per thread (MAXH 12288 and 16384)
     keep the default schedule: their other schedules spilled 8-104 bytes, and W = 8 cannot
     be measured on the one lent GPU. Stage 1 alone holds no row, so there those bounds take
-    U x W = 16 too (112 registers at W = 4, no spill). With more than NORM_BLOCK `threads` a row the kernel fits 2 blocks per SM
-    (_row_slots.collective_min_blocks: 85 registers at 384), where the one-launch kernel
-    (not `split`) at U x W = 16 spilled 40 bytes (H = 2880, W = 4, V = 1): at most 8 there;
-    stage 1 alone fit 16 (79 registers)."""
+    U x W = 16 too (112 registers at W = 4, no spill). With more than NORM_BLOCK `threads`
+    a row the kernel fits 2 blocks per SM (_row_slots.collective_min_blocks: 85 registers at
+    384), where the one-launch kernel (not `split`) at U x W = 16 spilled 40 bytes (H = 2880,
+    W = 4, V = 1): at most 8 there; stage 1 alone fit 16 (79 registers)."""
     per_thread = -(-H // (PACK * threads))
     if W > 4 or per_thread > 4 and not split:
         return 0, 1
