@@ -185,7 +185,7 @@ def test_sm90_plain_all_reduce_ll_range_per_world(monkeypatch):
 
 def test_sm90_fused_two_stage_floor_per_runtime_h_bound(monkeypatch):
     """At TP4 the sizes the runtime-H kernels serve take the two-stage kernel from their
-    bound's floor (calls P1 and P2), the specialized sizes from fused_two_stage_min_bytes;
+    bound's floor (calls P1-P4), the specialized sizes from fused_two_stage_min_bytes;
     PEERDSL_FUSED_TWO_STAGE_MIN_BYTES sets every size's."""
     plan = lambda w, rows, h: plan_fused_ar_rms("sm_90", w, rows, h, BF16)  # noqa: E731
     assert plan(4, 256, 2048) == "fused_1stage"    # MAXH 2048, 1 MiB
@@ -194,6 +194,10 @@ def test_sm90_fused_two_stage_floor_per_runtime_h_bound(monkeypatch):
     assert plan(4, 1024, 3584) == "fused_2stage"
     assert plan(4, 1024, 5120) == "fused_1stage"   # MAXH 6144, 10 MiB
     assert plan(4, 2048, 5120) == "fused_2stage"   # 20 MiB
+    assert plan(4, 128, 12288) == "fused_1stage"   # MAXH 12288, 3 MiB
+    assert plan(4, 256, 10240) == "fused_2stage"   # 5 MiB
+    assert plan(4, 64, 16384) == "fused_2stage"    # MAXH 16384: from 768 KiB
+    assert plan(4, 16, 16384) == "fused_1stage"
     assert plan(4, 64, 6144) == "fused_2stage"     # specialized: from 768 KiB
     assert plan(4, 256, 2880) == "fused_2stage"
     assert plan(2, 256, 5120) == "fused_1stage"    # TP2: its own split route only
