@@ -159,7 +159,7 @@ def report(summary: dict) -> str:
 
 
 def recommend(summary: dict, tp: str) -> str:
-    """The one- vs two-stage crossover (dispatch.py two_stage_min_bytes) and each path's
+    """The one- vs two-stage crossover (runtime/thresholds.py two_stage_min_bytes) and each path's
     fastest (U, B, E) per row count, as measured."""
     s, hidden = summary[tp], summary["hidden"]
     rows = sorted(int(k) for k in s["rows"])
