@@ -203,6 +203,10 @@ def test_sm90_fused_two_stage_floor_per_runtime_h_bound(monkeypatch):
     assert plan(2, 256, 5120) == "fused_1stage"    # TP2: its own split route only
     t = dispatch.thresholds("sm_90")
     assert t.fused_two_stage_floor(8, 5120) == t.fused_two_stage_min_bytes  # W = 8: unmeasured
+    from peerdsl.ops._row_slots import RUNTIME_MAXH  # every bound named is one that is built
+    from peerdsl.runtime.kernel_variants import FUSED_2STAGE
+    assert {m for _, m, _ in t.fused_two_stage_min_bytes_runtime_h} <= set(RUNTIME_MAXH)
+    assert set(FUSED_2STAGE["sm_90"][4]["split_bounds"]) <= set(RUNTIME_MAXH)
     assert dispatch.thresholds("gfx1250").fused_two_stage_floor(4, 5120) == 0
     monkeypatch.setenv("PEERDSL_FUSED_TWO_STAGE_MIN_BYTES", str(1 * MiB))
     assert plan(4, 256, 2048) == "fused_2stage"
