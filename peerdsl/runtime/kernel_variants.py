@@ -87,42 +87,40 @@ def _ar_kernel(arch: str, path: str, world: int, work_packs: int,
 # fastest or within 2% of it at every TP4 row count from 256 in call F1 (RESULTS.md), e.g.
 # 6144 x 4096 rows 274.6 us against 347.3 for the default schedule.
 # split_hidden: the specialized H at which the kernel runs S = 1, stage 1 alone, and the
-# gather kernel after it with a grid of one block per row; split_max_bound: the runtime-H
-# bounds MAXH up to which it does (call N2, 2026-12-07, two sweeps: from 1024 rows the split
-# kernel was the fastest at MAXH 2048 (H = 2048: TP4 4096 rows 137.6 / 138.2 us against
+# gather kernel after it with a grid of one block per row; split_bounds: the runtime-H bounds
+# MAXH at which it does. 2048 and 4096 (call N2, 2026-12-07, two sweeps: from 1024 rows the
+# split kernel was the fastest at MAXH 2048 (H = 2048: TP4 4096 rows 137.6 / 138.2 us against
 # 156.9 / 159.1 for U4V2) and fastest or even at MAXH 4096 (H = 3584: TP4 1024 rows 63.9 /
 # 64.8 against 67.9 / 68.0), and 7-16% slower than the fastest path from 1024 rows at MAXH
-# 6144 (H = 5120)). 2880 (call G4):
-# TP4 4096 rows 173.6 us against 213.6 for U4V2 and 188.7 for our unfused pair, TP2 90.3
-# against 122.9 for the one-stage kernel; M3 (2026-12-07) kept it the fastest from 1024 rows.
-# Calls M5 and M6 (2026-12-07, two sweeps, H100) measured the other sizes: TP4 7168 split
-# while its norm kernels ran 256 threads a row, 3.5 slots each (4096 rows 443.1 / 443.1
-# against 490.2 / 489.0 for U4V1), but with 224 threads (four full slots, lowering/targets.py
-# norm_threads) the one-launch U4V1 was ahead at every row count in call M9's sweep (413.0
-# against 424.4 at 4096 rows, 112.4 against 121.8 at 1024, one sample); TP4 4096 does not
-# split (4096 rows 247.3 / 247.9 against 238.7 / 239.4 for U4V2, even below); nor does TP2
-# 4096 (the one-stage rows kernel 33.3 / 33.6 against 38.0 / 35.9 at 1024 rows, 106.7 /
-# 108.2 against 132.9 / 135.1 at 4096); at 6144 and 8192 it lost (M6 TP4 4096 rows 373.2
-# against 340.6, 481.3 against 460.1). W = 8 is not measured.
+# 6144 (H = 5120)). 2880 (call G4): TP4 4096 rows 173.6 us against 213.6 for U4V2 and 188.7
+# for our unfused pair, TP2 90.3 against 122.9 for the one-stage kernel; M3 (2026-12-07) kept
+# it the fastest from 1024 rows. Calls M5 and M6 (2026-12-07, two sweeps, H100) measured the
+# other sizes: TP4 7168 split while its norm kernels ran 256 threads a row, 3.5 slots each
+# (4096 rows 443.1 / 443.1 against 490.2 / 489.0 for U4V1), but with 224 threads (four full
+# slots, lowering/targets.py norm_threads) the one-launch U4V1 was ahead at every row count
+# in call M9's sweep (413.0 against 424.4 at 4096 rows, 112.4 against 121.8 at 1024, one
+# sample); TP4 4096 does not split (4096 rows 247.3 / 247.9 against 238.7 / 239.4 for U4V2,
+# even below); nor does TP2 4096 (the one-stage rows kernel 33.3 / 33.6 against 38.0 / 35.9
+# at 1024 rows, 106.7 / 108.2 against 132.9 / 135.1 at 4096); at 6144 and 8192 it lost (M6
+# TP4 4096 rows 373.2 against 340.6, 481.3 against 460.1). W = 8 is not measured.
 # The runtime-H kernel takes the same schedules at its bound MAXH (it ran split up to MAXH
 # 8192 while its one-launch schedule held fewer rows and packs ahead than the specialized
 # one's, 1.12-1.18x of it in call G5; its predicated slot reads, ops/_row_slots.py slot_pack,
 # now fit the specialized schedules without spilling: 1.00-1.03x of them in call H5).
-# split_bounds: runtime-H bounds past split_max_bound that split too. MAXH 12288 and 16384
-# build only the default one-launch schedule (U0V1E1: the others spilled), and the split
-# kernel (U0V1E0S1) beat it at every TP4 row count in call P3 (2026-12-07, H100, two
-# sweeps: H = 12288 x 1024 rows 232.4 / 230.2 us against 259.9 / 259.0, 16384 x 2048 550.1 /
-# 553.7 against 619.2 / 621.9, 10240 x 256 60.4 / 63.5 against 67.7 / 71.1); at TP2 it
-# lost to the one-stage kernel (16384 x 256 rows 49.2 / 48.5 against 42.8 / 41.4), and the
-# TP2 table does not name them.
+# TP4's split_bounds also name MAXH 12288 and 16384, which build only the default one-launch
+# schedule (U0V1E1: the others spilled), and the split kernel (U0V1E0S1) beat it at every TP4
+# row count in call P3 (2026-12-07, H100, two sweeps: H = 12288 x 1024 rows 232.4 / 230.2 us
+# against 259.9 / 259.0, 16384 x 2048 550.1 / 553.7 against 619.2 / 621.9, 10240 x 256 60.4 /
+# 63.5 against 67.7 / 71.1); at TP2 it lost to the one-stage kernel (16384 x 256 rows 49.2 /
+# 48.5 against 42.8 / 41.4), and the TP2 table does not name them.
 # V1_max_rows: a call of at most this many rows takes V = 1 (call L3, 2026-12-06, TP4: the
 # two-stage kernel from 64 rows, where V = 1 beat V = 2 in the J2 and L2 sweeps and in L3,
 # H = 6144 256 rows 30.7 / 31.0 us against 32.3 / 32.5; at 1024 rows V = 2 was 2-4% ahead).
 _SM90_FUSED: dict[str, Any] = {"U": 4, "V": 2, "E": 0}
 FUSED_2STAGE: dict[str, dict[int, dict[str, Any]]] = {"sm_90": {
-    2: {**_SM90_FUSED, "split_hidden": (2880,), "split_max_bound": 4096},
-    4: {**_SM90_FUSED, "split_hidden": (2880,), "split_max_bound": 4096,
-        "split_bounds": (12288, 16384), "V1_max_rows": 256},
+    2: {**_SM90_FUSED, "split_hidden": (2880,), "split_bounds": (2048, 4096)},
+    4: {**_SM90_FUSED, "split_hidden": (2880,), "split_bounds": (2048, 4096, 12288, 16384),
+        "V1_max_rows": 256},
     8: _SM90_FUSED}}
 _FUSED_KERNEL_PLANS: dict[tuple, Any] = {}
 
@@ -149,10 +147,7 @@ def fused_2stage_splits(arch: str, world: int, hidden: int, runtime_h: bool = Fa
     """Whether `FUSED_2STAGE` runs the kernel split (S = 1) for the specialized H `hidden`,
     or, `runtime_h`, for the runtime-H kernel of bound MAXH `hidden`."""
     table = _schedule(arch, world)
-    if runtime_h:
-        return (hidden <= table.get("split_max_bound", 0)
-                or hidden in table.get("split_bounds", ()))
-    return hidden in table.get("split_hidden", ())
+    return hidden in table.get("split_bounds" if runtime_h else "split_hidden", ())
 
 
 def _schedule(arch: str, world: int) -> dict[str, int]:
