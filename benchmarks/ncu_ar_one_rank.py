@@ -5,8 +5,8 @@ path's second launch (ops/fused_ar_rms_gather.py), which waits for no peer: the 
 staging holds their reduced column shards (`gather_staging`), its grid one block per row.
 `--path stage1` runs that path's first launch (fused_ar_rms_2stage with S = 1: the column
 shards reduced into each rank's own staging, between its two barriers). `--path norm` runs
-add_rmsnorm on the all-reduced rows: the same bytes as the gather, read
-from one buffer instead of W shards; `--path triton` the Triton add + RMSNorm of
+add_rmsnorm on the all-reduced rows: the same bytes as the gather, read from one buffer
+instead of W shards; `--path triton` the Triton add + RMSNorm of
 bench_ar_rms.py (the pair's norm) on them. `--cx B=384 M=4` picks a built variant by more
 constexprs (scripts/norm_block_probe_build.py builds several thread mappings).
 
@@ -22,8 +22,7 @@ peers would have sent: {epoch 2, the call's tag}. Its first barrier (target 1) t
 peer one barrier ahead (accepted: that peer vouched for this call), the second (target 2)
 its target with the tag. Kernels with two barriers only: allreduce_1stage, allreduce_2stage
 with E=0, fused_ar_rms_2stage with S=1, and fused_ar_rms_1stage (V rows per block as the
-communicator picks them). The
-block epochs are zeroed before each launch (so the same slots serve every launch and every
+communicator picks them). The block epochs are zeroed before each launch (so the same slots serve every launch and every
 ncu replay pass, which restores memory in between). The peers' staging holds their reduced
 shards, so `out` is the whole all-reduce: checked bitwise against the rank-order reference
 (the fused kernel's residual_out: that sum plus the residual; stage 1's own staging: its
@@ -239,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     # written
     moved = {"1stage": (W + 1) * packs, "2stage": (3 * W + 1) * work,
              "fused1": (W + 3) * packs, "stage1": (W + 1) * packs // W, "gather": 4 * packs,
-             "norm": 4 * packs,
-             "triton": 4 * packs}[args.path] * 16
+             "norm": 4 * packs, "triton": 4 * packs}[args.path] * 16
     print(f"{what}: exact; {total:.1f} us per call with the epoch reset, {memset:.1f} us "
           f"the reset alone, so ~{total - memset:.1f} us the kernel(s); "
           f"{moved * len(ranks) / max(1e-9, total - memset) / 1e6:.2f} TB/s of its reads + "

@@ -128,6 +128,7 @@ def graph_time_us(torch, fn, dev, sync=None, capture=None) -> float:
         with torch.cuda.graph(g, stream=s):
             for _ in range(CALLS):
                 fn()
+
     def before() -> None:
         if sync:
             sync()
