@@ -303,3 +303,31 @@ def test_local_kernel_is_not_capped_but_checked():
         return y
 
     assert torch.equal(peerdsl.sim.run(1, fn)[0], torch.ones(300))
+
+
+@dsl.kernel(block_size=BLOCK)
+def scale_packs(x: Ptr["T"], out: Ptr["T"], n_packs: dsl.i32, scale: dsl.f32, T: constexpr):
+    P = dsl.vec16(T)
+    for i in range(dsl.block_id() * BLOCK + dsl.thread_id(), n_packs, dsl.num_blocks() * BLOCK):
+        out.cast(P)[i] = dsl.pack_rne([a * scale for a in x.cast(P)[i].to_f32()], T)
+
+
+register("test_user_scale_packs", scale_packs, lambda target: [{"T": dsl.bf16}, {"T": dsl.f16}])
+
+
+def test_dtype_no_registered_variant_takes_is_refused():
+    """A float32 launch of an op registered for bf16/f16 only raises, naming T and what the
+    variants take, before any rank runs it: no GPU build could hold it, and the kernel's
+    16-byte packs of 8 elements would read float32 rows wrong. A registered dtype runs."""
+    def fn(comm):
+        x = torch.randn(PACKS * 8)  # float32
+        with pytest.raises(TypeError, match=r"takes T in \['bf16', 'f16'\].*got f32"):
+            comm.launch("test_user_scale_packs", grid=2, constexprs={"T": torch.float32},
+                        x=x, out=torch.zeros_like(x), n_packs=PACKS, scale=2.0)
+        y = x.to(torch.bfloat16)
+        out = torch.zeros_like(y)  # bf16, registered: launched and exact
+        comm.launch("test_user_scale_packs", grid=2, constexprs={"T": torch.bfloat16},
+                    x=y, out=out, n_packs=PACKS, scale=2.0)
+        assert torch.equal(out, y * 2)
+        return True
+    assert peerdsl.sim.run(2, fn, seed=3) == [True, True]

@@ -139,7 +139,9 @@ class SimUserLaunch(CallIdentity):
         `constexprs` names, as the GPU's manifest lookup picks it (a subset that picks one):
         so a constexpr the variants set per target and the caller does not name (the norm
         kernels' B) is the built one here too. Given as they are where no variant matches
-        (the simulator traces any constexprs); several that match raise, as on the GPU."""
+        (the simulator traces any constexprs, schedules no build holds included), except a
+        dtype that none of the op's registered variants takes (T=float32 for a bf16/f16 op):
+        that raises, as no GPU build could hold it. Several that match raise, as on the GPU."""
         from ...lowering.targets import get_target
         from ...ops.registry import load_all
         from ..manifest import constexpr_json
@@ -163,6 +165,13 @@ class SimUserLaunch(CallIdentity):
             raise ManifestError(f"{op_or_kernel if isinstance(op_or_kernel, str) else kernel.name!r}"
                                 f": constexprs {query} match {len(hits)} registered variants for "
                                 f"{self.target}; name more of {names}")
+        if not hits and variants:
+            for k, given in constexprs.items():
+                taken = {constexpr_json(v[k]) for v in variants if k in v}
+                if _is_dtype(given) and taken and query[k] not in taken:
+                    what = op_or_kernel if isinstance(op_or_kernel, str) else kernel.name
+                    raise TypeError(f"{what!r} takes {k} in {sorted(taken)} (its registered "
+                                    f"variants for {self.target}), got {query[k]}")
         return {**hits[0], **constexprs} if hits else constexprs
 
     def _user_kernel(self, op_or_kernel: Any) -> Any:
@@ -223,3 +232,9 @@ class SimUserLaunch(CallIdentity):
             self.copy_in(pb.table, torch.tensor(layout.peer_row(list(pb.addresses)),
                                                 dtype=torch.int64))
         return pb.table.addr
+
+
+def _is_dtype(value: Any) -> bool:
+    """A torch dtype or a DSL scalar type, as a constexpr like T takes."""
+    from ...dsl import ir
+    return isinstance(value, (torch.dtype, ir.ScalarType))
