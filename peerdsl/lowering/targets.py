@@ -59,6 +59,14 @@ class Target:
     # 327.8 / 328.0 at 256 (Triton's 314.4 / 314.5), the gather 316.7 / 316.8 against 329.3 /
     # 330.7, 8-13% faster at 256 rows; 448 threads x 2 slots ran the same, 896 x 1 slower.
     norm_threads: tuple[tuple[int, int], ...] = ()
+    # Pack slots a thread of a one-block-per-row runtime-H kernel (add + RMSNorm, the split
+    # path's gather, the FP8 quant) may hold for its reads to be predicated, all in flight
+    # at once, rather than each slot's loads waiting in a branch of their own (ops/
+    # _row_slots.py slot_pack). 4 covers MAXH <= 8192. sm_90 predicates MAXH 12288 and
+    # 16384 too: 96-128 registers, no spill (these kernels are not collectives, so no peer
+    # waits on their residency); on gfx1250 the same cut occupancy (add + RMSNorm at
+    # MAXH 16384: 9 waves a SIMD from 10, the quant 6 from 12), so AMD targets keep 4.
+    predicated_row_slots: int = 4
 
     @property
     def is_amd(self) -> bool:
@@ -94,7 +102,8 @@ TARGETS: dict[str, Target] = {
     "gfx950": _amd("gfx950", 64, "e4m3fn", 0x4F),
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
     "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1,
-                    row_reads_ahead=4, norm_threads=((2880, 384), (7168, 224))),
+                    row_reads_ahead=4, norm_threads=((2880, 384), (7168, 224)),
+                    predicated_row_slots=8),
 }
 
 PRIMARY = "gfx1250"

@@ -34,7 +34,9 @@ RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 3, 4, 6, 8))
 # 1.46x the specialized kernels' time on the H200). The predicated reads hold the registers
 # of the specialized kernels, so whole rows and two rows of MAXH 6144 fit (issue 15 item 5);
 # at 6 packs (MAXH 12288) the fused one-stage kernel spilled 12 bytes (f16, W = 8) and at 8
-# 16-64 bytes under sm_90's 128 registers, so MAXH 12288 and 16384 keep the guarded reads.
+# 16-64 bytes under sm_90's 128 registers, so its MAXH 12288 and 16384 keep the guarded
+# reads. The one-block-per-row kernels (add + RMSNorm, the gather, the FP8 quant) may go
+# further per target (lowering/targets.py `predicated_row_slots`, their constexpr P).
 PREDICATED_PER_THREAD = 4
 
 
@@ -98,13 +100,15 @@ class RuntimeHidden:
     [1, max_hidden], which the host checks), and `max_hidden`, the constexpr bound that fixes
     how many pack slots each thread has."""
 
-    def __init__(self, hidden: Any, max_hidden: int):
+    def __init__(self, hidden: Any, max_hidden: int,
+                 predicated: int = PREDICATED_PER_THREAD):
         step = PACK * norm_threads()
         if max_hidden % step:
             raise ValueError(f"MAXH={max_hidden} must be a multiple of {step}")
         self.hidden = hidden
         self.packs = hidden >> 3          # PACK elements per pack, hidden > 0
         self.per_thread = max_hidden // step
+        self.predicated = predicated      # slots a thread may hold for reads to predicate
 
 
 Hidden = Union[int, RuntimeHidden]   # what the row helpers take as H
@@ -145,7 +149,7 @@ def norm_threads() -> int:
 
 def predicates_reads(H: Hidden) -> bool:
     """Whether the row helpers read every pack slot of H ahead, through `slot_pack`."""
-    return isinstance(H, RuntimeHidden) and H.per_thread <= PREDICATED_PER_THREAD
+    return isinstance(H, RuntimeHidden) and H.per_thread <= H.predicated
 
 
 def slot_pack(vec: Any, i: Any, H: Hidden, k: int) -> Any:

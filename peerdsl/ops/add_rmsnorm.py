@@ -9,8 +9,9 @@ bound MAXH (ops/_row_slots.py RuntimeHidden), and gives the same bytes at the sa
 """
 from .. import dsl
 from ..dsl import Ptr, constexpr
-from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, norm_block,
-                    norm_min_blocks, residual_norm_row, row_pack_reader)
+from ._rows import (NORM_BLOCK, PREDICATED_PER_THREAD, RUNTIME_MAXH, SUPPORTED_HIDDEN,
+                    RuntimeHidden, norm_block, norm_min_blocks, residual_norm_row,
+                    row_pack_reader)
 from .registry import register
 
 
@@ -36,9 +37,11 @@ def add_rmsnorm_runtime_h(x: Ptr["T"], residual: Ptr["T"], weight: Ptr["T"], out
                           residual_out: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                           rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32, flags: dsl.i32,
                           T: constexpr, MAXH: constexpr, FP8: constexpr, R: constexpr = 1,
-                          M: constexpr = 0, B: constexpr = NORM_BLOCK):
+                          M: constexpr = 0, B: constexpr = NORM_BLOCK,
+                          P: constexpr = PREDICATED_PER_THREAD):
+    # P: the pack slots a thread may hold for its reads to be predicated, per target
     norm_rows(x, residual, weight, out, residual_out, q, scale, rows, eps, flags, T,
-              RuntimeHidden(hidden, MAXH), FP8, R)
+              RuntimeHidden(hidden, MAXH, P), FP8, R)
 
 
 def variants(target):
@@ -49,7 +52,7 @@ def variants(target):
 
 def runtime_h_variants(target):
     return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": norm_min_blocks(M), "B": NORM_BLOCK}
+             "M": norm_min_blocks(M), "B": NORM_BLOCK, "P": target.predicated_row_slots}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
 
 

@@ -18,8 +18,8 @@ targets keep the one-launch kernel.
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, constexpr
 from ._collective import WORLDS
-from ._rows import (NORM_BLOCK, PACK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    norm_block, norm_min_blocks)
+from ._rows import (NORM_BLOCK, PACK, PREDICATED_PER_THREAD, RUNTIME_MAXH, SUPPORTED_HIDDEN,
+                    RuntimeHidden, norm_block, norm_min_blocks)
 from .fused_ar_rms_2stage import gather_norm_rows, shard_sources
 from .registry import register
 
@@ -53,9 +53,11 @@ def fused_ar_rms_gather_runtime_h(staging: PeerPtrs["T"], residual: Ptr["T"],
                                   rank: dsl.i32, rows: dsl.i32, hidden: dsl.i32, eps: dsl.f32,
                                   flags: dsl.i32, T: constexpr, MAXH: constexpr,
                                   W: constexpr, FP8: constexpr, R: constexpr = 1,
-                                  M: constexpr = 0, B: constexpr = NORM_BLOCK):
+                                  M: constexpr = 0, B: constexpr = NORM_BLOCK,
+                                  P: constexpr = PREDICATED_PER_THREAD):
+    # P: the pack slots a thread may hold for its reads to be predicated, per target
     gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, rank, rows, eps,
-                flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
+                flags, T, RuntimeHidden(hidden, MAXH, P), W, FP8, R)
 
 
 def variants(target):
@@ -71,7 +73,7 @@ def runtime_h_variants(target):
     if not getattr(target, "is_nvidia", False):
         return []
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "M": norm_min_blocks(M), "B": NORM_BLOCK}
+             "M": norm_min_blocks(M), "B": NORM_BLOCK, "P": target.predicated_row_slots}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 

@@ -3,8 +3,8 @@ same helper (`quant_row_fp8`). `per_token_quant_fp8` is specialized for a conste
 `per_token_quant_fp8_runtime_h` takes `hidden` at run time up to MAXH (same bytes)."""
 from .. import dsl
 from ..dsl import Ptr, constexpr
-from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden, load_row_packs,
-                    norm_block, quant_row_fp8)
+from ._rows import (NORM_BLOCK, PREDICATED_PER_THREAD, RUNTIME_MAXH, SUPPORTED_HIDDEN,
+                    RuntimeHidden, load_row_packs, norm_block, quant_row_fp8)
 from .registry import register
 
 
@@ -22,8 +22,10 @@ def per_token_quant_fp8(x: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32], rows: 
 @dsl.kernel(block_size="B")
 def per_token_quant_fp8_runtime_h(x: Ptr["T"], q: Ptr[dsl.i8], scale: Ptr[dsl.f32],
                                   rows: dsl.i32, hidden: dsl.i32, T: constexpr,
-                                  MAXH: constexpr, FP8: constexpr, B: constexpr = NORM_BLOCK):
-    quant_rows(x, q, scale, rows, T, RuntimeHidden(hidden, MAXH), FP8)
+                                  MAXH: constexpr, FP8: constexpr, B: constexpr = NORM_BLOCK,
+                                  P: constexpr = PREDICATED_PER_THREAD):
+    # P: the pack slots a thread may hold for its reads to be predicated, per target
+    quant_rows(x, q, scale, rows, T, RuntimeHidden(hidden, MAXH, P), FP8)
 
 
 def variants(target):
@@ -32,7 +34,8 @@ def variants(target):
 
 
 def runtime_h_variants(target):
-    return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "B": NORM_BLOCK}
+    return [{"T": T, "MAXH": M, "FP8": target.fp8_format, "B": NORM_BLOCK,
+             "P": target.predicated_row_slots}
             for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH]
 
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Device call Q1 (2026-12-07, fourth session). (1) On an H200 only: issue 15 items 1-3 on this
+# tree's build (bench_ar_rms twice, H = 2880, 6144, 8192, TP4 and TP2, every row count,
+# vLLM's all-reduce and the vLLM AR + Triton pair in the same rank processes; the eager host
+# cost at TP4); on an H100 these cells were timed twice in call P1 (no kernel of theirs has
+# changed since), so the runtime proof and fault suite run instead, which no call had run on
+# P4's kernels. (2) On either card: the one-block-per-row runtime-H kernels (add + RMSNorm,
+# the split path's gather, the FP8 quant) at MAXH 12288 and 16384 with every slot's reads
+# predicated (build, sm_90 predicated_row_slots = 8) against the guarded reads (build_base),
+# A/B twice interleaved, bench_runtime_h at TP4, H = 10240, 12288, 16384, 256 and 2048 rows.
+# Carry build, build_base and peers_src.
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/q1; mkdir -p $W
+step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; rm -f $W/*.png; tar czf $OUT/q1.tgz -C $W .; }
+bench() {
+  step "bench r$1" 110 env BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 2 --hidden 2880 6144 8192 --vllm-header peers_src --json $W/bench_r$1.json > $W/bench_r$1.log 2>&1
+  grep -i -m3 "error\|no report" $W/bench_r$1.log | cut -c1-400
+  python3 scripts/fused_pairs_line.py $W/bench_r$1.json
+  python3 - $W/bench_r$1.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for tp in ("tp4", "tp2"):
+    print(tp, "AR ours/vLLM", " ".join("%s %s %.1f/%.1f" % (k, r["ar_path"], r["ar_us"], r["vllm_ar_us"])
+                                        for k, r in d.get(tp, {}).get("rows", {}).items()))
+PY
+}
+ab() {  # name, build
+  step "$1" 60 env PYTHONPATH=. python3 benchmarks/bench_runtime_h.py --build $2 --tp 4 --hidden 10240 12288 16384 --rows 256 2048 --json $W/$1.json > $W/$1.log 2>&1
+  grep -i -m3 "error\|differ\|mismatch" $W/$1.log | cut -c1-300
+  tail -8 $W/$1.log | cut -c1-200
+}
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
+case "$name" in *H200*) h200=1;; *) h200=0;; esac
+[ $h200 = 1 ] && bench 1
+ab base_r1 build_base; ab new_r1 build
+if [ $h200 = 1 ]; then
+  step "host tp4" 90 env PYTHONPATH=. python3 benchmarks/host_cost_gpu.py --build build --tp 4 --json $W/host_tp4.json > $W/host_tp4.log 2>&1
+  tail -14 $W/host_tp4.log
+else
+  step "collectives" 90 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build --tp 2 4 --steps 5 --replays 10 --json $W/collectives.json > $W/collectives.log 2>&1
+  tail -3 $W/collectives.log | cut -c1-200
+fi
+ab base_r2 build_base; ab new_r2 build
+if [ $h200 = 1 ]; then bench 2; else
+  step "faults" 100 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build --tp 2 4 --faults-only --json $W/faults.json > $W/faults.log 2>&1
+  tail -4 $W/faults.log | cut -c1-200
+fi
+true
