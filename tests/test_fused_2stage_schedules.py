@@ -154,7 +154,9 @@ def _fused_bytes(world, hidden, force_runtime_h, opts, rows=9):
 
 @pytest.mark.parametrize("hidden,world,force_runtime_h", [(2880, 4, False), (6144, 2, False),
                                                           (5120, 4, False), (6144, 4, True),
-                                                          (10240, 4, False)])
+                                                          (10240, 4, False),
+                                                          (10272, 4, False),
+                                                          (16352, 4, False)])
 @pytest.mark.parametrize("opts", [{}, {"fp8_out": True, "bf16_mirror": True},
                                   {"gemma_norm": True}])
 def test_split_schedule_gives_the_unfused_bytes(monkeypatch, hidden, world, force_runtime_h,
