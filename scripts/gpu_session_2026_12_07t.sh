@@ -11,21 +11,7 @@
 # (3) On an H100: a forced-path sweep on build at TP4, H = 10240 and 12288, 64-256 rows (1.25-6 MiB),
 # where MAXH 12288's floor (4 MiB) keeps the one-stage kernel and the split was not timed
 # with its U = 4 stage 1. Carry build, build_base and peers_src.
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/q1; mkdir -p $W
-step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; rm -f $W/*.png; tar czf $OUT/q1.tgz -C $W .; }
-bench() {
-  step "bench r$1" 110 env BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 2 --hidden 2880 6144 8192 --vllm-header peers_src --json $W/bench_r$1.json > $W/bench_r$1.log 2>&1
-  grep -i -m3 "error\|no report" $W/bench_r$1.log | cut -c1-400
-  python3 scripts/fused_pairs_line.py $W/bench_r$1.json
-  python3 - $W/bench_r$1.json <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for tp in ("tp4", "tp2"):
-    print(tp, "AR ours/vLLM", " ".join("%s %s %.1f/%.1f" % (k, r["ar_path"], r["ar_us"], r["vllm_ar_us"])
-                                        for k, r in d.get(tp, {}).get("rows", {}).items()))
-PY
-}
+W=/tmp/q1; TAG=q1; source scripts/session_steps.sh
 ab() {  # name, build
   step "$1" 60 env PYTHONPATH=. python3 benchmarks/bench_runtime_h.py --build $2 --tp 4 --hidden 10240 12288 16384 --rows 256 2048 --json $W/$1.json > $W/$1.log 2>&1
   grep -i -m3 "error\|differ\|mismatch" $W/$1.log | cut -c1-300
@@ -34,7 +20,7 @@ ab() {  # name, build
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 case "$name" in *H200*) h200=1;; *) h200=0;; esac
-[ $h200 = 1 ] && bench 1
+[ $h200 = 1 ] && bench_items 1 build
 ab base_r1 build_base; ab new_r1 build
 if [ $h200 = 1 ]; then
   step "host tp4" 90 env PYTHONPATH=. python3 benchmarks/host_cost_gpu.py --build build --tp 4 --json $W/host_tp4.json > $W/host_tp4.log 2>&1
@@ -44,7 +30,7 @@ else
   tail -3 $W/collectives.log | cut -c1-200
 fi
 ab base_r2 build_base; ab new_r2 build
-if [ $h200 = 1 ]; then bench 2; else
+if [ $h200 = 1 ]; then bench_items 2 build; else
   step "faults" 100 env PYTHONPATH=. python3 scripts/gpu_collectives.py --build build --tp 2 4 --faults-only --json $W/faults.json > $W/faults.log 2>&1
   tail -4 $W/faults.log | cut -c1-200
 fi
