@@ -109,9 +109,11 @@ def test_any_hidden_runtime_h_equals_specialized_and_the_contract(monkeypatch, t
 
 
 SM90_CASES = [  # sm_90 predicates every slot's reads in add + RMSNorm and the quant at
-    # these bounds (lowering/targets.py predicated_row_slots): rows that end inside a
-    # thread's 5th slot (MAXH 12288) and 8th (16384), some threads' slots masked
+    # these bounds (lowering/targets.py predicated_row_slots), and in the one-stage kernel at
+    # TP2: rows that end inside a thread's 5th slot (MAXH 12288) and 8th (16384), some
+    # threads' slots masked
     (2, 10264, BF16, {"fp8_out": True, "bf16_mirror": True}),
+    (2, 16376, BF16, {}),
     (4, 16376, F16, {"gemma_norm": True}),
 ]
 
@@ -154,9 +156,11 @@ def check_any_hidden(monkeypatch, tp, hidden, dtype, opts, path, target):
         for name, constexprs, hidden_arg in row_launches:
             if force:
                 assert name.endswith("_runtime_h") and constexprs["MAXH"] == bound
-                if target == "sm_90" and not name.startswith("fused_"):
+                if target == "sm_90":  # which kernels predicate all their slots' reads
+                    one_stage_guarded = name.startswith("fused_") and tp > 2
                     assert {int(c["P"]) for c in from_registry(target).variants[name]
-                            if int(c["MAXH"]) == bound} == {8}
+                            if int(c["MAXH"]) == bound and int(c.get("W", tp)) == tp} == \
+                        {4 if one_stage_guarded else 8}
                 assert hidden_arg == hidden
             else:
                 assert not name.endswith("_runtime_h") and constexprs["H"] == hidden

@@ -16,9 +16,10 @@ none, so their kernels stay the ones the gfx1250 PR measured.
 from .. import dsl
 from ..dsl import PeerPtrs, Ptr, RegisteredPtrs, constexpr
 from ._collective import WORLDS, rank_order_sum
-from ._rows import (NORM_BLOCK, RUNTIME_MAXH, SUPPORTED_HIDDEN, RuntimeHidden,
-                    collective_min_blocks, norm_block, pack_index,
-                    residual_norm_block_rows, row_geometry, slot_pack)
+from ._rows import (NORM_BLOCK, PREDICATED_PER_THREAD, RUNTIME_MAXH, SUPPORTED_HIDDEN,
+                    RuntimeHidden, collective_min_blocks, norm_block,
+                    one_stage_predicated_slots, pack_index, residual_norm_block_rows,
+                    row_geometry, slot_pack)
 from .registry import register
 
 
@@ -79,9 +80,10 @@ def fused_ar_rms_1stage_runtime_h(inp: RegisteredPtrs["T"], residual: Ptr["T"],
                                   flags: dsl.i32, call: dsl.CallId, T: constexpr,
                                   MAXH: constexpr, W: constexpr, FP8: constexpr,
                                   R: constexpr = 1, B: constexpr = NORM_BLOCK,
-                                  M: constexpr = 0):
+                                  M: constexpr = 0, P: constexpr = PREDICATED_PER_THREAD):
+    # P: the pack slots a thread may hold for its reads to be predicated (per target, W)
     one_stage(dsl.Signal(sig, rank, W, call=call), inp, residual, weight, out, residual_out, q,
-              scale, rows, eps, flags, T, RuntimeHidden(hidden, MAXH), W, FP8, R)
+              scale, rows, eps, flags, T, RuntimeHidden(hidden, MAXH, P), W, FP8, R)
 
 
 @dsl.kernel(block_size="B", min_blocks="M")
@@ -108,7 +110,8 @@ def variants(target):
 
 def runtime_h_variants(target):
     return [{"T": T, "MAXH": M, "W": W, "FP8": target.fp8_format, "R": target.row_reads_ahead,
-             "B": NORM_BLOCK} for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
+             "B": NORM_BLOCK, "P": one_stage_predicated_slots(target, W)}
+            for T in (dsl.bf16, dsl.f16) for M in RUNTIME_MAXH for W in WORLDS]
 
 
 def rows_variants(target):
