@@ -191,16 +191,23 @@ def check_any_hidden(monkeypatch, tp, hidden, dtype, opts, path, target):
         assert ulp_diff(out[row], out_ref[row]) <= 1
     assert (out[1].float() != 0).all()  # the overflowing row normalizes to the weight
     assert torch.isnan(out[2]).all()
-    # sm_90's conversion writes every FP8 NaN as 0x7f where torch keeps the sign: there the
-    # rows without a NaN (tests/test_numerics_edge.py checks NaN rows on every target)
-    rows = slice(None) if target == "gfx1250" else [0, 1, 4]
     if opts.get("fp8_out"):
         q_ref, s_ref = quant_fp8_ref(out, "e4m3fn")
-        assert torch.equal(bits(fused[0][rows]), bits(q_ref[rows]))
-        assert torch.equal(bits(fused[2][rows]), bits(s_ref[rows]))
+        assert fp8_equal_but_nan_signs(fused[0], q_ref)
+        assert torch.equal(bits(fused[2]), bits(s_ref))
     q_ref, s_ref = quant_fp8_ref(residual, "e4m3fn")
-    assert torch.equal(bits(q_alone[rows]), bits(q_ref[rows]))
-    assert torch.equal(bits(scale_alone[rows]), bits(s_ref[rows]))
+    assert fp8_equal_but_nan_signs(q_alone, q_ref)
+    assert torch.equal(bits(scale_alone), bits(s_ref))
+
+
+def fp8_equal_but_nan_signs(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """e4m3fn bytes equal, except that a NaN may carry either sign: in a row whose amax is
+    NaN the kernels write every nonzero element as 0x7f (ops/_rows.py _fix_nonfinite_row),
+    where torch keeps the sign of an element that is itself a negative NaN (0xff). Which
+    elements of such a row the norm leaves as negative NaNs depends on the data."""
+    g, w = bits(got), bits(want)
+    nan_w = (w & 0x7F) == 0x7F
+    return bool(torch.where(nan_w, (g & 0x7F) == 0x7F, g == w).all())
 
 
 def test_two_stage_needs_whole_shards(monkeypatch):
