@@ -200,6 +200,25 @@ def check_any_hidden(monkeypatch, tp, hidden, dtype, opts, path, target):
     assert torch.equal(bits(scale_alone), bits(s_ref))
 
 
+@pytest.mark.parametrize("op", ["add_rmsnorm_runtime_h", "fused_ar_rms_gather_runtime_h",
+                                "per_token_quant_fp8_runtime_h",
+                                "fused_ar_rms_1stage_runtime_h"])
+def test_sm90_predicated_row_kernels_do_not_spill(op):
+    """The sm_90 runtime-H kernels that predicate more than PREDICATED_PER_THREAD slots (at
+    MAXH 16384, the most: 8) compile without spills or local memory, bf16 and f16."""
+    import peerdsl
+    from peerdsl.lowering.targets import get_target
+    from peerdsl.ops._row_slots import PREDICATED_PER_THREAD
+    from peerdsl.ops.registry import load_all
+    kernel = load_all()[op]
+    wide = [v for v in kernel.variants(get_target("sm_90"))
+            if v["MAXH"] == 16384 and v["P"] > PREDICATED_PER_THREAD and v.get("W", 2) <= 4]
+    assert len(wide) >= 2, wide  # bf16 and f16 (the gather: W = 2 and 4)
+    for variant in wide:
+        r = peerdsl.compile(kernel.kernel, "sm_90", **variant).resources
+        assert r["spill_stores"] == 0 and r["local_bytes"] == 0, (op, variant, r)
+
+
 def fp8_equal_but_nan_signs(got: torch.Tensor, want: torch.Tensor) -> bool:
     """e4m3fn bytes equal, except that a NaN may carry either sign: in a row whose amax is
     NaN the kernels write every nonzero element as 0x7f (ops/_rows.py _fix_nonfinite_row),
