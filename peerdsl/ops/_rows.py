@@ -20,10 +20,9 @@ from ..dsl.lib import FP8_NAN, i8_const
 from ._row_slots import (HIDDEN_MAX, HIDDEN_MIN, NORM_BLOCK, PACK,  # noqa: F401
                          PREDICATED_PER_THREAD, RUNTIME_MAXH, SUPPORTED_HIDDEN, Hidden,
                          RuntimeHidden, collective_min_blocks, hidden_f32,
-                         hidden_rule_error, norm_block,
-                         norm_min_blocks, norm_threads, one_stage_predicated_slots, pack_index,
-                         pack_valid, predicates_reads,
-                         row_geometry, runtime_class, slot_pack)
+                         hidden_rule_error, norm_block, norm_min_blocks, norm_threads,
+                         one_stage_predicated_slots, pack_index, pack_valid,
+                         predicates_reads, row_geometry, runtime_class, slot_pack)
 
 FLAG_GEMMA = 1       # runtime flags of the norm kernels
 FLAG_FP8 = 2
