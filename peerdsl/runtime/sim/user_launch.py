@@ -146,30 +146,30 @@ class SimUserLaunch(CallIdentity):
         from ...ops.registry import load_all
         from ..manifest import constexpr_json
         query = {k: constexpr_json(v) for k, v in constexprs.items()}
+        what = op_or_kernel if isinstance(op_or_kernel, str) else kernel.name
         cache = self.__dict__.setdefault("_built_variants", {})
         key = (op_or_kernel if isinstance(op_or_kernel, str) else id(kernel))
-        variants = cache.get(key)
+        variants = cache.get(key)  # (constexprs, their JSON forms) per registered variant
         if variants is None:
             specs = [spec for name, spec in load_all().items()
                      if name == op_or_kernel or spec.kernel is kernel]
             try:
-                variants = specs[0].variants(get_target(self.target)) if len(specs) == 1 else []
+                built = specs[0].variants(get_target(self.target)) if len(specs) == 1 else []
             except Exception:  # noqa: BLE001 - a build-time error: `peerdsl build` reports it
-                variants = []
-            cache[key] = variants
-        hits = [v for v in variants
-                if all(k in v and constexpr_json(v[k]) == q for k, q in query.items())]
+                built = []
+            variants = cache[key] = [(v, {k: constexpr_json(x) for k, x in v.items()})
+                                     for v in built]
+        hits = [v for v, as_json in variants
+                if all(k in as_json and as_json[k] == q for k, q in query.items())]
         if len(hits) > 1:  # the GPU's manifest lookup refuses it too (loader_base.find_entry)
             from ..manifest import ManifestError
             names = sorted(set().union(*hits) - set(query))
-            raise ManifestError(f"{op_or_kernel if isinstance(op_or_kernel, str) else kernel.name!r}"
-                                f": constexprs {query} match {len(hits)} registered variants for "
-                                f"{self.target}; name more of {names}")
+            raise ManifestError(f"{what!r}: constexprs {query} match {len(hits)} registered "
+                                f"variants for {self.target}; name more of {names}")
         if not hits and variants:
             for k, given in constexprs.items():
-                taken = {constexpr_json(v[k]) for v in variants if k in v}
+                taken = {as_json[k] for _, as_json in variants if k in as_json}
                 if _is_dtype(given) and taken and query[k] not in taken:
-                    what = op_or_kernel if isinstance(op_or_kernel, str) else kernel.name
                     raise TypeError(f"{what!r} takes {k} in {sorted(taken)} (its registered "
                                     f"variants for {self.target}), got {query[k]}")
         return {**hits[0], **constexprs} if hits else constexprs
