@@ -22,11 +22,12 @@ peers would have sent: {epoch 2, the call's tag}. Its first barrier (target 1) t
 peer one barrier ahead (accepted: that peer vouched for this call), the second (target 2)
 its target with the tag. Kernels with two barriers only: allreduce_1stage, allreduce_2stage
 with E=0, fused_ar_rms_2stage with S=1, and fused_ar_rms_1stage (V rows per block as the
-communicator picks them). The block epochs are zeroed before each launch (so the same slots serve every launch and every
-ncu replay pass, which restores memory in between). The peers' staging holds their reduced
-shards, so `out` is the whole all-reduce: checked bitwise against the rank-order reference
-(the fused kernel's residual_out: that sum plus the residual; stage 1's own staging: its
-column shard of that sum), and the Signal's error record must stay clear.
+communicator picks them). The block epochs are zeroed before each launch (so the same
+slots serve every launch and every ncu replay pass, which restores memory in between). The
+peers' staging holds their reduced shards, so `out` is the whole all-reduce: checked bitwise
+against the rank-order reference (the fused kernel's residual_out: that sum plus the
+residual; stage 1's own staging: its column shard of that sum), and the Signal's error
+record must stay clear.
 
 `--all-ranks` launches every rank's kernel at once on its own stream (each with its own
 pre-filled Signal): the HBM traffic of W ranks, without their barrier waits or skew. The
