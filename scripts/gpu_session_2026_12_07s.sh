@@ -6,23 +6,16 @@
 # build (U = 4), TP4, H = 10240, 12288, 16384, 256 and 2048 rows, the pair in every run. Then one
 # forced-path sweep on the new build (every path's bytes against the unfused path's).
 # Carry build, build_base and peers_src.
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT; W=/tmp/p4; mkdir -p $W
-step() { echo "=== $1 ($(date +%T))"; shift; timeout "$@"; echo "=== rc=$?"; rm -f $W/*.png; tar czf $OUT/p4.tgz -C $W .; }
+W=/tmp/p4; TAG=p4; source scripts/session_steps.sh
 ab() {  # name, build, unroll
   step "$1" 120 env PEERDSL_FUSED_PATH=fused_2stage PEERDSL_FUSED_SPLIT=1 PEERDSL_FUSED_UNROLL=$3 BENCH_ROWS="256 2048" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build $2 --tp 4 --hidden 10240 12288 16384 --vllm-header peers_src --json $W/$1.json > $W/$1.log 2>&1
   grep -i -m3 "error\|no report" $W/$1.log | cut -c1-300
-  python3 -c "
-import json
-d=json.load(open('$W/$1.json'))['tp4']['rows']
-print('$1', ' '.join('%s %.1f/%.1f' % (k, r['fused_us'], r['vllm_pair_us']) for k, r in d.items()))"
+  python3 scripts/fused_pairs_line.py $W/$1.json
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 for r in 1 2; do
   ab base_r$r build_base 0
   ab new_r$r build 4
 done
-step "sweep" 100 env BENCH_ROWS="1024" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 --hidden 10240 12288 16384 --vllm-header peers_src --json $W/sweep.json > $W/sweep.log 2>&1
-grep -i -m3 "error\|no report\|mismatch" $W/sweep.log | cut -c1-300
-python3 scripts/sweep_best_line.py $W/sweep.json
+forced_sweep sweep 100 1024 4 "10240 12288 16384"
 true

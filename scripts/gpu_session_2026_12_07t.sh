@@ -35,7 +35,5 @@ if [ $h200 = 1 ]; then bench_items 2 build; else
   tail -4 $W/faults.log | cut -c1-200
 fi
 [ $h200 = 1 ] && exit 0  # (the call's 600 s)
-step "sweep" 70 env BENCH_ROWS="64 128 256" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp 4 --hidden 10240 12288 --vllm-header peers_src --json $W/sweep.json > $W/sweep.log 2>&1
-grep -i -m3 "error\|no report\|mismatch" $W/sweep.log | cut -c1-300
-python3 scripts/sweep_best_line.py $W/sweep.json
+forced_sweep sweep 70 "64 128 256" 4 "10240 12288"
 true

@@ -14,3 +14,9 @@ bench_items() {  # round, build: issue 15 items 1 and 2 (H = 2880, 6144, 8192, T
   python3 scripts/fused_pairs_line.py $W/bench_r$1.json
   python3 scripts/fused_pairs_line.py --all-reduce $W/bench_r$1.json
 }
+
+forced_sweep() {  # name, timeout (s), rows, TPs, hidden sizes: bench_ar_rms's forced-path sweep
+  step "$1" $2 env BENCH_ROWS="$3" BENCH_SINGLE_GPU=0 BENCH_SWEEP=1 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build build --tp $4 --hidden $5 --vllm-header peers_src --json $W/$1.json > $W/$1.log 2>&1
+  grep -i -m3 "error\|no report\|mismatch" $W/$1.log | cut -c1-300
+  python3 scripts/sweep_best_line.py $W/$1.json
+}
