@@ -67,6 +67,13 @@ class Target:
     # waits on their residency); on gfx1250 the same cut occupancy (add + RMSNorm at
     # MAXH 16384: 9 waves a SIMD from 10, the quant 6 from 12), so AMD targets keep 4.
     predicated_row_slots: int = 4
+    # The same for the fused one-stage runtime-H kernel, by world size (a world not listed:
+    # ops/_row_slots.py PREDICATED_PER_THREAD). It is a collective holding W ranks' packs of
+    # each slot, so fewer slots fit as W grows. sm_90 (ptxas 12.9): W = 2 fits 8 (95-122
+    # registers; 17-27% faster at TP2, MAXH 12288 and 16384, call Q3); W = 4 fits 6 (MAXH
+    # 12288: 115 / 126 registers, where 8 spilled 16 bytes at MAXH 16384); W = 8 at 6
+    # spilled 12 bytes (f16), so it keeps 4.
+    one_stage_predicated_slots: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_amd(self) -> bool:
@@ -103,7 +110,7 @@ TARGETS: dict[str, Target] = {
     "gfx942": _amd("gfx942", 64, "e4m3fnuz", 0x4C),
     "sm_90": Target("sm_90", "nvidia", 32, "e4m3fn", "cubin", ".ptx", None, _NV_SCOPES, 1,
                     row_reads_ahead=4, norm_threads=((2880, 384), (7168, 224)),
-                    predicated_row_slots=8),
+                    predicated_row_slots=8, one_stage_predicated_slots=((2, 8), (4, 6))),
 }
 
 PRIMARY = "gfx1250"

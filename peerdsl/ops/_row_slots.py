@@ -37,7 +37,7 @@ RUNTIME_MAXH = tuple(NORM_BLOCK * PACK * n for n in (1, 2, 3, 4, 6, 8))
 # 16-64 bytes under sm_90's 128 registers, so its MAXH 12288 and 16384 keep the guarded
 # reads. The one-block-per-row kernels (add + RMSNorm, the gather, the FP8 quant) may go
 # further per target (lowering/targets.py `predicated_row_slots`, their constexpr P), and so
-# may the one-stage kernel at W = 2 (one_stage_predicated_slots).
+# may the one-stage kernel, per world size (one_stage_predicated_slots).
 PREDICATED_PER_THREAD = 4
 
 
@@ -58,12 +58,12 @@ def collective_min_blocks(threads: int) -> int:
 
 
 def one_stage_predicated_slots(target: Any, world: int) -> int:
-    """P of the fused one-stage runtime-H kernel, a collective that holds the W ranks'
-    packs of each slot: the target's `predicated_row_slots` at W = 2, where sm_90's fit
-    (95-122 registers, no spill; 17-27% faster at TP2, MAXH 12288 and 16384, call Q3);
-    PREDICATED_PER_THREAD at larger worlds (W = 4 spilled 16 bytes at MAXH 16384, W = 8
-    12-112 bytes)."""
-    return target.predicated_row_slots if world <= 2 else PREDICATED_PER_THREAD
+    """P of the fused one-stage runtime-H kernel at world size `world`: the target's
+    `one_stage_predicated_slots` for that world (lowering/targets.py: a collective holds
+    the W ranks' packs of each slot, so what fits shrinks as W grows), else
+    PREDICATED_PER_THREAD."""
+    return dict(getattr(target, "one_stage_predicated_slots", ())).get(
+        world, PREDICATED_PER_THREAD)
 
 
 def norm_min_blocks(hidden: int, threads: int = NORM_BLOCK) -> int:
