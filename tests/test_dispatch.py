@@ -194,8 +194,8 @@ def test_sm90_fused_two_stage_floor_per_runtime_h_bound(monkeypatch):
     assert plan(4, 1024, 3584) == "fused_2stage"
     assert plan(4, 1024, 5120) == "fused_1stage"   # MAXH 6144, 10 MiB
     assert plan(4, 2048, 5120) == "fused_2stage"   # 20 MiB
-    assert plan(4, 128, 12288) == "fused_1stage"   # MAXH 12288, 3 MiB
-    assert plan(4, 256, 10240) == "fused_2stage"   # 5 MiB
+    assert plan(4, 1024, 12288) == "fused_1stage"  # MAXH 12288, 24 MiB
+    assert plan(4, 1536, 10240) == "fused_2stage"  # 30 MiB
     assert plan(4, 64, 16384) == "fused_2stage"    # MAXH 16384: from 768 KiB
     assert plan(4, 16, 16384) == "fused_1stage"
     assert plan(4, 64, 6144) == "fused_2stage"     # specialized: from 768 KiB

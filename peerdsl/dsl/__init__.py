@@ -12,7 +12,7 @@ from .memory import (atomic, atomic_add, atomic_cas, atomic_max, atomic_xchg, ba
                      load, shared_barrier, store)
 from .signal import Signal, record_error, spin_limit, spin_until_ge, staged_ok, wge, wlt
 from .transform import plain
-from .values import Pointer, Scalar, Vector, as_scalar, pack
+from .values import Pointer, Scalar, Vector, as_scalar, pack, streaming
 
 i1, i8, i32, i64 = ir.i1, ir.i8, ir.i32, ir.i64
 f16, bf16, f32 = ir.f16, ir.bf16, ir.f32

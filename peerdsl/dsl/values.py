@@ -229,13 +229,15 @@ class Pointer(Traced):
 
     `peer` marks a pointer taken from a peer table with an index that is not this rank's
     own (so possibly another rank's memory); it follows pointer arithmetic and casts, and
-    `dsl.store` refuses a plain (unscoped) store through it.
+    `dsl.store` refuses a plain (unscoped) store through it. `streaming` (set by
+    `dsl.streaming`) makes `p[i]` reads and writes nontemporal; it follows them too.
     """
-    __slots__ = ("peer",)
+    __slots__ = ("peer", "streaming")
 
-    def __init__(self, v: ir.Value, peer: bool = False):
+    def __init__(self, v: ir.Value, peer: bool = False, streaming: bool = False):
         super().__init__(v)
         self.peer = peer
+        self.streaming = streaming
 
     @property
     def elem(self):
@@ -245,21 +247,32 @@ class Pointer(Traced):
         idx = as_scalar(idx)
         if idx.type not in (ir.i32, ir.i64):
             raise TraceError(f"{user_location()}: pointer offset must be i32 or i64, got {idx.type}")
-        return Pointer(emit("ptr_offset", [self.v, idx.v], [self.type]).result, self.peer)
+        return Pointer(emit("ptr_offset", [self.v, idx.v], [self.type]).result, self.peer,
+                       self.streaming)
 
     __radd__ = __add__
 
     def cast(self, elem) -> "Pointer":
         return Pointer(emit("ptr_cast", [self.v], [ir.PtrType(elem, self.type.space)]).result,
-                       self.peer)
+                       self.peer, self.streaming)
 
     def __getitem__(self, idx) -> Any:
         from .memory import load
-        return load(self + idx)
+        return load(self + idx, nontemporal=self.streaming)
 
     def __setitem__(self, idx, value) -> None:
         from .memory import store
-        store(self + idx, value)
+        store(self + idx, value, nontemporal=self.streaming)
+
+
+def streaming(p: Pointer) -> Pointer:
+    """`p` for data a kernel touches once (an input read once, an output the next kernels
+    do not read soon): its `[i]` accesses are nontemporal, so the target may keep other
+    data in its caches instead (sm_90: `ld/st.global.cs` for 16-byte accesses; AMD: the
+    `nt` bit). Values and bytes are unchanged."""
+    if not isinstance(p, Pointer):
+        raise TraceError(f"{user_location()}: dsl.streaming takes a pointer, got {p!r}")
+    return Pointer(p.v, p.peer, True)
 
 
 def declare_own_rank(rank: Any) -> None:

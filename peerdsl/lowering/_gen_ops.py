@@ -12,6 +12,7 @@ import numpy as np
 from ..dsl import ir
 from ._gen_control import ControlMixin, mlir_type
 from ._gen_scoped import ScopedMixin
+from ._gen_streaming import StreamingMixin
 from .errors import LoweringError
 
 
@@ -41,7 +42,7 @@ def _elem_bytes(t: Any) -> int:
     return t.nbytes if isinstance(t, (ir.ScalarType, ir.VectorType)) else 8
 
 
-class OpsMixin(ScopedMixin, ControlMixin):
+class OpsMixin(ScopedMixin, StreamingMixin, ControlMixin):
     # ------------------------------------------------------------------ casts
     def op_cast(self, op: ir.Op) -> None:
         kind, src, dst = op.attrs["kind"], op.operands[0].type, op.result.type
@@ -254,6 +255,8 @@ class OpsMixin(ScopedMixin, ControlMixin):
         pre, atom, attrs = self._access(op, p, vt, store=False)
         if self.av_pack(op, vt):
             return self.av_load(op, mlir_type(p.type), mlir_type(vt))
+        if self.nv_streaming(op, vt, p):
+            return self.streaming_load(op, mlir_type(p.type), mlir_type(vt))
         self.emit(f"{self.bind(op.result)} = llvm.load {pre}{self.use(p)}{atom} {attrs} : "
                   f"{mlir_type(p.type)} -> {mlir_type(vt)}")
 
@@ -262,6 +265,8 @@ class OpsMixin(ScopedMixin, ControlMixin):
         pre, atom, attrs = self._access(op, p, v.type, store=True)
         if self.av_pack(op, v.type):
             return self.av_store(op, mlir_type(p.type), mlir_type(v.type))
+        if self.nv_streaming(op, v.type, p):
+            return self.streaming_store(op, mlir_type(p.type), mlir_type(v.type))
         self.emit(f"llvm.store {pre}{self.use(v)}, {self.use(p)}{atom} {attrs} : "
                   f"{mlir_type(v.type)}, {mlir_type(p.type)}")
 

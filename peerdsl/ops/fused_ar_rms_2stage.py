@@ -62,10 +62,12 @@ def two_stage(signal, inp, staging, residual, weight, out, residual_out, q, scal
     """The kernel body, given its Signal (tests pass a deliberately broken one)."""
     sources = shard_sources(staging, H, T, W)
     signal.start()
+    # stage 1 alone (S = 1) streams the inputs, each read once, so that the shards it
+    # writes, which every rank's gather reads next, stay in L2
     if U == 0:
-        reduce_scatter_rows(inp, staging, rank, signal.bound(rows), H, T, W)
+        reduce_scatter_rows(inp, staging, rank, signal.bound(rows), H, T, W, bool(S))
     else:
-        reduce_scatter_flat(inp, staging, rank, signal.bound(rows), H, T, W, U)
+        reduce_scatter_flat(inp, staging, rank, signal.bound(rows), H, T, W, U, bool(S))
     signal.sync()
     if S:  # stage 2 is fused_ar_rms_gather's launch, after this one on the same stream
         signal.finish()
@@ -96,25 +98,29 @@ def gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, 
                              n, V, H, T, residual, residual_out, weight, eps, flags, out, q,
                              scale, FP8, R)
 
-def shard_pack(inp, rank, row, j, H, T, W):
-    """Shard pack j of `row`: summed in rank order from every rank's input (loads only)."""
+def shard_pack(inp, rank, row, j, H, T, W, once=False):
+    """Shard pack j of `row`: summed in rank order from every rank's input (loads only;
+    `once`: streamed, dsl.streaming)."""
     packs, _ = row_geometry(H)
     shard = packs // W
-    return rank_order_sum([inp[r].cast(dsl.vec16(T))[row * packs + rank * shard + j]
-                           for r in range(W)])
+    sources = [inp[r].cast(dsl.vec16(T)) for r in range(W)]
+    if once:
+        sources = [dsl.streaming(p) for p in sources]
+    return rank_order_sum([p[row * packs + rank * shard + j] for p in sources])
 
 
-def reduce_scatter_rows(inp, staging, rank, rows, H, T, W):
+def reduce_scatter_rows(inp, staging, rank, rows, H, T, W, once=False):
     """Stage 1, U = 0: one shard pack per thread per row, rows outer (the AMD build's loop)."""
     packs, _ = row_geometry(H)
     shard = packs // W
     mine = staging[rank].cast(dsl.vec16(T))
     for row in range(dsl.block_id(), rows, dsl.num_blocks()):
         for j in range(dsl.thread_id(), shard, dsl.block_size()):
-            mine[row * shard + j] = dsl.pack_rne(shard_pack(inp, rank, row, j, H, T, W), T)
+            mine[row * shard + j] = dsl.pack_rne(shard_pack(inp, rank, row, j, H, T, W, once),
+                                                 T)
 
 
-def reduce_scatter_flat(inp, staging, rank, rows, H, T, W, U):
+def reduce_scatter_flat(inp, staging, rank, rows, H, T, W, U, once=False):
     """Stage 1 with U shard packs per thread in flight: this block's rows (b, b + G, ...)
     times the shard, as one index space f = local_row * shard + j over the block's threads,
     U indices per thread per iteration with every load issued before the first store.
@@ -136,7 +142,7 @@ def reduce_scatter_flat(inp, staging, rank, rows, H, T, W, U):
                      for u in range(1, U)]
         valid = [True] + [f + u * threads < work for u in range(1, U)]
         local = [i // shard for i in idx]
-        sums = [shard_pack(inp, rank, b + lr * stride, i - lr * shard, H, T, W)
+        sums = [shard_pack(inp, rank, b + lr * stride, i - lr * shard, H, T, W, once)
                 for i, lr in zip(idx, local)]
         for u in range(U):
             if valid[u]:

@@ -28,8 +28,12 @@ def gather_rows(staging, residual, weight, out, residual_out, q, scale, sig, ran
                 flags, T, H, W, FP8, R):
     sources = shard_sources(staging, H, T, W)
     n = dsl.select(dsl.staged_ok(sig, rank), rows, 0)
-    gather_norm_rows(staging, residual, weight, out, residual_out, q, scale, n, eps, flags, T,
-                     H, W, FP8, R, 1, sources)
+    # the residual is read once and residual_out not again until the next layer: streamed,
+    # so that the peers' reduced shards, which every rank reads, stay in L2 (out is not:
+    # the next kernel reads it)
+    gather_norm_rows(staging, dsl.streaming(residual), weight, out,
+                     dsl.streaming(residual_out), q, scale, n, eps, flags, T, H, W, FP8, R, 1,
+                     sources)
 
 
 @dsl.kernel(block_size="B", min_blocks="M")

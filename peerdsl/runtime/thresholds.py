@@ -120,19 +120,22 @@ TABLES = {
     # at 10 MiB (86.1 against 87.7, mean of four), two-stage 1% ahead at 20 MiB (157.9
     # against 159.5) and 3% at 40 MiB. MAXH 8192 (7680) keeps 768 KiB: even at 128-256 rows,
     # the two-stage kernel 3-6% ahead from 512 rows, and at 64 rows 14.1 against 15.0.
-    # MAXH 12288 (the two-stage kernel split there: kernel_variants split_bounds): with
-    # stage 1 at U = 4 (call P4) the split kernel is ahead from 5 MiB (H = 10240 x 1024
-    # rows 191.7 against 198.0 for the one-stage kernel in one sweep; 256 rows, 5 MiB, 59.0 /
-    # 56.4 against P3's 59.3 / 61.8, the pair 56.4 / 56.5 in both calls; 12288 x 256 rows
-    # 63.8 / 64.2 against 68.8 / 67.5); at 1.25-1.5 MiB the one-stage kernel led the U = 0
-    # split by 3-10% (P3: 12288 x 64 rows 18.6 / 19.6 against 20.4 / 20.4), not measured
-    # against U = 4; MAXH 16384 keeps 768 KiB (the U = 0 split already the fastest path
-    # from 64 rows in P3: 26.7 / 28.0 against 29.0 / 29.5; U = 4 ahead of it by 0-3%)
+    # MAXH 12288 (the two-stage kernel split there: kernel_variants split_bounds): since
+    # the one-stage kernel predicates its reads at W = 4 too (call R1, H100), it is ahead of
+    # the U = 4 split up to 24 MiB and behind from 30: A/B twice, forced, 10240 x 1024 rows
+    # (20 MiB) 175.1 / 176.9 us against 185.2 / 198.6, 12288 x 1024 (24 MiB) 190.2 / 204.0
+    # against 210.0 / 218.4, 256 rows 55.4-68.6 against 57.6-67.8; R2's sweep 10240 x 1536
+    # rows (30 MiB) 318.2 against 282.9, 12288 x 1536 (36 MiB) 341.5 against 301.0. The
+    # floor sits where the ratios cross (about 26 MiB). Before (P4, guarded one-stage
+    # reads) the split led from 5 MiB. At 1.25-1.5 MiB (64 rows) the two are within noise;
+    # MAXH 16384 (its one-stage reads guarded at W = 4) keeps 768 KiB (the U = 0 split
+    # already the fastest path from 64 rows in P3: 26.7 / 28.0 against 29.0 / 29.5; U = 4
+    # ahead of it by 0-3%)
     "sm_90": Thresholds(ll_max_bytes=128 << 10, fused_ll_max_bytes=0,
                         fused_two_stage_min_bytes=768 << 10, fused_two_stage_min_hidden=2048,
                         two_stage_min_bytes=128 * MiB, fused_split_min_bytes=4 * MiB,
                         ll_max_bytes_by_world=((2, 320 << 10),),
                         fused_two_stage_min_bytes_runtime_h=(
                             (4, 2048, 3 * MiB // 2), (4, 4096, 2 * MiB), (4, 6144, 16 * MiB),
-                            (4, 12288, 4 * MiB))),
+                            (4, 12288, 26 * MiB))),
 }
