@@ -124,6 +124,18 @@ def test_fused_paths_and_arguments(comm, monkeypatch):
     assert args["flags"] == 2 and args["q"].dtype == torch.int8
 
 
+def test_gloo_fallback_refuses_graph_capture_clearly(comm, monkeypatch):
+    """Over the custom limit under a CUDA graph capture with a gloo group: an error naming
+    the size, the limit and the ways out (torch's own failure on the host copy came from
+    deep inside the call), before anything is copied."""
+    monkeypatch.setenv("PEERDSL_CUSTOM_AR_MAX_BYTES", "1024")
+    monkeypatch.setattr(comm, "_stream_capturing", lambda: True)
+    x = torch.ones(16, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"all-reduce of 2048 bytes .*over the custom "
+                       r"path's 1024 bytes.*gloo.*CUDA graph"):
+        comm.all_reduce(x)
+
+
 def test_pool_limit_sends_big_inputs_to_the_fallback(comm, monkeypatch):
     monkeypatch.setattr(comm, "_fallback_all_reduce", lambda t: t * 4)
     x = torch.ones(1 << 20, dtype=torch.bfloat16)  # 2 MiB > the 1 MiB pool

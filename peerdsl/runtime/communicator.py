@@ -282,6 +282,16 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
     def _fallback_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         backend = self._dist.get_backend(self.group)
         if backend == "gloo":
+            if self._stream_capturing():  # torch would fail on the host copy, mid-capture
+                from . import dispatch
+                nbytes = x.numel() * x.element_size()
+                cap = dispatch.thresholds(self.arch, self.capacity).custom_ar_max_bytes
+                raise RuntimeError(
+                    f"all-reduce of {nbytes} bytes (shape {tuple(x.shape)}) takes the "
+                    f"torch.distributed fallback (over the custom path's {cap} bytes, or a "
+                    "non-contiguous input), and this communicator's group is gloo, whose "
+                    "host copies cannot be captured in a CUDA graph: capture smaller calls, "
+                    "pass a contiguous input, or use an NCCL group")
             y = x.detach().cpu().clone()
             self._dist.all_reduce(y, group=self.group)
             return y.to(self.device)
