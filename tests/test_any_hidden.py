@@ -159,7 +159,8 @@ def check_any_hidden(monkeypatch, tp, hidden, dtype, opts, path, target):
                 assert name.endswith("_runtime_h") and constexprs["MAXH"] == bound
                 if target == "sm_90":  # which kernels predicate all their slots' reads:
                     # every one but the one-stage kernel at TP4, MAXH 16384 (it would spill)
-                    predicated = not (name.startswith("fused_") and tp == 4 and bound == 16384)
+                    predicated = not (name.startswith("fused_ar_rms_1stage") and tp == 4
+                                      and bound == 16384)
                     slots = bound // (8 * 256)
                     assert {int(c["P"]) >= slots for c in from_registry(target).variants[name]
                             if int(c["MAXH"]) == bound and int(c.get("W", tp)) == tp} == \
@@ -216,7 +217,11 @@ def test_sm90_predicated_row_kernels_do_not_spill(op):
     kernel = load_all()[op]
     wide = [v for v in kernel.variants(get_target("sm_90"))
             if PREDICATED_PER_THREAD < v["MAXH"] // (8 * 256) <= v["P"]]
-    assert len(wide) >= 4, wide  # MAXH 12288 and 16384, bf16 and f16 (and W for collectives)
+    # MAXH 12288 and 16384, bf16 and f16; the one-stage kernel at W = 2 and, at 12288, W = 4
+    assert {(v["MAXH"], str(v["T"])) for v in wide} == {
+        (m, t) for m in (12288, 16384) for t in ("bf16", "f16")}, wide
+    if op == "fused_ar_rms_1stage_runtime_h":
+        assert {(v["W"], v["MAXH"]) for v in wide} == {(2, 12288), (2, 16384), (4, 12288)}
     for variant in wide:
         r = peerdsl.compile(kernel.kernel, "sm_90", **variant).resources
         assert r["spill_stores"] == 0 and r["local_bytes"] == 0, (op, variant, r)

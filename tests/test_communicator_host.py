@@ -131,9 +131,13 @@ def test_gloo_fallback_refuses_graph_capture_clearly(comm, monkeypatch):
     monkeypatch.setenv("PEERDSL_CUSTOM_AR_MAX_BYTES", "1024")
     monkeypatch.setattr(comm, "_stream_capturing", lambda: True)
     x = torch.ones(16, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"all-reduce of 2048 bytes .*over the custom "
-                       r"path's 1024 bytes.*gloo.*CUDA graph"):
+    with pytest.raises(RuntimeError, match=r"shape \(16, 64\) .*\(2048 bytes, over the "
+                       r"custom path's 1024\).*gloo.*CUDA graph"):
         comm.all_reduce(x)
+    with pytest.raises(RuntimeError, match=r"\(14 bytes, not a multiple of 16\)"):
+        comm.all_reduce(torch.ones(7, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"\(a non-contiguous input\)"):
+        comm.all_reduce(torch.ones(8, 16, dtype=torch.bfloat16).t())
 
 
 def test_pool_limit_sends_big_inputs_to_the_fallback(comm, monkeypatch):

@@ -230,7 +230,8 @@ class Pointer(Traced):
     `peer` marks a pointer taken from a peer table with an index that is not this rank's
     own (so possibly another rank's memory); it follows pointer arithmetic and casts, and
     `dsl.store` refuses a plain (unscoped) store through it. `streaming` (set by
-    `dsl.streaming`) makes `p[i]` reads and writes nontemporal; it follows them too.
+    `dsl.streaming`) makes `p[i]` reads and writes nontemporal; it follows them too. Neither
+    survives a value carried out of control flow (an if, a loop, a select: a new value).
     """
     __slots__ = ("peer", "streaming")
 
