@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import peerdsl.sim
-from peerdsl.ops._rows import (HIDDEN_MAX, HIDDEN_MIN, NORM_BLOCK, RUNTIME_MAXH,
+from peerdsl.ops._rows import (HIDDEN_MAX, HIDDEN_MIN, NORM_BLOCK, PACK, RUNTIME_MAXH,
                                SUPPORTED_HIDDEN)
 from peerdsl.runtime import dispatch
 from peerdsl.runtime.built import RUNTIME_H_OPS, Built, from_registry
@@ -161,7 +161,7 @@ def check_any_hidden(monkeypatch, tp, hidden, dtype, opts, path, target):
                     # every one but the one-stage kernel at TP4, MAXH 16384 (it would spill)
                     predicated = not (name.startswith("fused_ar_rms_1stage") and tp == 4
                                       and bound == 16384)
-                    slots = bound // (8 * 256)
+                    slots = bound // (PACK * NORM_BLOCK)
                     assert {int(c["P"]) >= slots for c in from_registry(target).variants[name]
                             if int(c["MAXH"]) == bound and int(c.get("W", tp)) == tp} == \
                         {predicated}
@@ -216,7 +216,7 @@ def test_sm90_predicated_row_kernels_do_not_spill(op):
     from peerdsl.ops.registry import load_all
     kernel = load_all()[op]
     wide = [v for v in kernel.variants(get_target("sm_90"))
-            if PREDICATED_PER_THREAD < v["MAXH"] // (8 * 256) <= v["P"]]
+            if PREDICATED_PER_THREAD < v["MAXH"] // (PACK * NORM_BLOCK) <= v["P"]]
     # MAXH 12288 and 16384, bf16 and f16; the one-stage kernel at W = 2 and, at 12288, W = 4
     assert {(v["MAXH"], str(v["T"])) for v in wide} == {
         (m, t) for m in (12288, 16384) for t in ("bf16", "f16")}, wide

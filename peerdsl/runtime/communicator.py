@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .. import layout
+from . import dispatch
 from .built import from_manifest
 from .collectives import Collectives
 from .graph_capture import GraphCapture
@@ -283,29 +284,20 @@ class Communicator(UserLaunch, PeerBuffers, GraphCapture, Collectives):
         backend = self._dist.get_backend(self.group)
         if backend == "gloo":
             if self._stream_capturing():  # torch would fail on the host copy, mid-capture
+                reason = dispatch.fallback_reason(
+                    dispatch.thresholds(self.arch, self.capacity),
+                    x.numel() * x.element_size(), x.is_contiguous())
                 raise RuntimeError(
                     f"all-reduce of shape {tuple(x.shape)} takes the torch.distributed "
-                    f"fallback ({self._fallback_reason(x)}), and this communicator's group "
-                    "is gloo, whose host copies cannot be captured in a CUDA graph: capture "
-                    "calls the custom path serves, or use an NCCL group")
+                    f"fallback ({reason}), and this communicator's group is gloo, whose host "
+                    "copies cannot be captured in a CUDA graph: capture calls the custom "
+                    "path serves, or use an NCCL group")
             y = x.detach().cpu().clone()
             self._dist.all_reduce(y, group=self.group)
             return y.to(self.device)
         y = x.clone()
         self._dist.all_reduce(y, group=self.group)
         return y
-
-    def _fallback_reason(self, x: torch.Tensor) -> str:
-        """Why dispatch sends `x` to the library all-reduce (runtime/dispatch.py
-        plan_all_reduce's rule), in words."""
-        from . import dispatch
-        nbytes = x.numel() * x.element_size()
-        cap = dispatch.thresholds(self.arch, self.capacity).custom_ar_max_bytes
-        if not x.is_contiguous():
-            return "a non-contiguous input"
-        if nbytes % 16:
-            return f"{nbytes} bytes, not a multiple of 16"
-        return f"{nbytes} bytes, over the custom path's {cap}"
 
     # ------------------------------------------------------------------ errors, timeouts
     def set_timeout(self, seconds: float) -> None:

@@ -251,7 +251,7 @@ def _plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool,
     t = thresholds(arch, capacity)
     if world == 1:
         return "local"
-    if not contiguous or nbytes % 16 or nbytes > t.custom_ar_max_bytes:
+    if fallback_reason(t, nbytes, contiguous):
         return "fallback"
     if nbytes <= t.ll_cap(world):
         return "ll"
@@ -259,6 +259,18 @@ def _plan_all_reduce(arch: str, world: int, nbytes: int, contiguous: bool,
             and _staging_fits(t, world, nbytes // 16, nbytes)):
         return "2stage"
     return "1stage"
+
+
+def fallback_reason(t: Thresholds, nbytes: int, contiguous: bool) -> str | None:
+    """Why a plain all-reduce of nbytes takes the library fallback under thresholds `t`,
+    in words (None: the custom path serves it)."""
+    if not contiguous:
+        return "a non-contiguous input"
+    if nbytes % 16:
+        return f"{nbytes} bytes, not a multiple of 16"
+    if nbytes > t.custom_ar_max_bytes:
+        return f"{nbytes} bytes, over the custom path's {t.custom_ar_max_bytes}"
+    return None
 
 
 def check_qk_norm(arch: str) -> None:
