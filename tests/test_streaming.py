@@ -59,7 +59,7 @@ def test_streaming_needs_a_pointer():
     def bad(n: dsl.i32):
         dsl.streaming(n)
 
-    with pytest.raises(dsl.TraceError, match="dsl.streaming takes a pointer"):
+    with pytest.raises(dsl.TraceError, match="dsl.streaming takes a pointer, got i32"):
         bad.trace()
 
 

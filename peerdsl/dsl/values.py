@@ -272,7 +272,8 @@ def streaming(p: Pointer) -> Pointer:
     data in its caches instead (sm_90: `ld/st.global.cs` for 16-byte accesses; AMD: the
     `nt` bit). Values and bytes are unchanged."""
     if not isinstance(p, Pointer):
-        raise TraceError(f"{user_location()}: dsl.streaming takes a pointer, got {p!r}")
+        got = p.type if isinstance(p, Traced) else type(p).__name__
+        raise TraceError(f"{user_location()}: dsl.streaming takes a pointer, got {got}")
     return Pointer(p.v, p.peer, True)
 
 
