@@ -10,7 +10,7 @@
 # MPS the L2 set-aside that evict_last lines use is 0 unless the daemon starts with one.)
 # Carry build, build_vars (each variant's changed kernels and manifest) and peers_src.
 W=/tmp/s1; TAG=s1; source scripts/session_steps.sh
-for v in c s d e r1; do rm -rf build_$v; cp -r build build_$v; cp -r build_vars/$v/. build_$v/; done
+for v in c s d r1; do rm -rf build_$v; cp -r build build_$v; cp -r build_vars/$v/. build_$v/; done
 ab() {  # name, build
   step "$1" 100 env BENCH_ROWS="2048 4096" BENCH_SINGLE_GPU=0 BENCH_SWEEP=0 PYTHONPATH=. python3 benchmarks/bench_ar_rms.py --build $2 --tp 4 2 --hidden 2880 --vllm-header peers_src --json $W/$1.json > $W/$1.log 2>&1
   grep -i -m3 "error\|no report\|mismatch" $W/$1.log | cut -c1-300
