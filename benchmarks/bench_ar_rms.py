@@ -35,6 +35,11 @@ from benchmarks.rank_harness import (CUSTOM_MAX_BYTES, graph_time_us, norm_input
 # BENCH_ROWS="1 16" narrows the rows of a run (a quick before/after); BENCH_SINGLE_GPU=0
 # leaves out the single-GPU peers (torch eager / compile / Triton at hidden[0])
 ROWS = [int(n) for n in os.environ.get("BENCH_ROWS", "1 16 64 256 384 1024 2048 4096").split()]
+# BENCH_ROUNDS=N times ours and the peers N times per shape, one after the other in turn, and
+# reports each time as the median over rounds of the slowest rank's (every round kept as
+# `<key>_rounds`): at 1-256 rows single samples move 10-25% between runs, and a ratio from
+# interleaved rounds is not moved by a drift of the machine between two systems' samples
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1"))
 # ----------------------------------------------------------------------------- single GPU
 
 def triton_add_rmsnorm():
@@ -184,18 +189,23 @@ def rank_main(rank, world, port, build, hiddens, vllm_lib=None) -> dict:
             comm.all_reduce(x)
             ar_path = comm.last_path
             cap = comm.graph_capture
-            r = {"path": path, "ar_path": ar_path,
-                 "ar_us": graph_time_us(torch, lambda: comm.all_reduce(x), dev, sync, cap),
-                 "rms_us": graph_time_us(torch, lambda: comm.add_rmsnorm(x, res, w), dev, sync),
-                 "fused_us": graph_time_us(torch, lambda: comm.fused_allreduce_rmsnorm(
-                     x, res, w), dev, sync, cap),
-                 # the unfused pair as a caller runs it: each norm between two all-reduces
-                 # (ar_us + rms_us times each alone, back to back, so the ranks' skews do not add)
-                 "pair_us": graph_time_us(torch, lambda: comm.add_rmsnorm(
-                     comm.all_reduce(x), res, w), dev, sync, cap)}
-            if peer is not None:
-                r.update(peer_timings(torch, graph_time_us, peer, comm, tri, x, res, w, dev,
-                                      sync))
+
+            def one_round() -> dict:
+                got = {"ar_us": graph_time_us(torch, lambda: comm.all_reduce(x), dev, sync, cap),
+                       "rms_us": graph_time_us(torch, lambda: comm.add_rmsnorm(x, res, w), dev,
+                                               sync),
+                       "fused_us": graph_time_us(torch, lambda: comm.fused_allreduce_rmsnorm(
+                           x, res, w), dev, sync, cap),
+                       # the unfused pair as a caller runs it: each norm between two
+                       # all-reduces (ar_us + rms_us times each alone, back to back, so the
+                       # ranks' skews do not add)
+                       "pair_us": graph_time_us(torch, lambda: comm.add_rmsnorm(
+                           comm.all_reduce(x), res, w), dev, sync, cap)}
+                if peer is not None:
+                    got.update(peer_timings(torch, graph_time_us, peer, comm, tri, x, res, w,
+                                            dev, sync))
+                return got
+            r = {"path": path, "ar_path": ar_path, **rounds_of(one_round, ROUNDS)}
             if os.environ.get("BENCH_SWEEP", "1") == "1":  # every valid path: the thresholds
                 r["paths_us"] = forced_paths(torch, comm, x, res, w, dev, sync)
             if rows == 16 and hidden == hiddens[0]:  # host cost of one eager call
@@ -217,6 +227,19 @@ def rank_main(rank, world, port, build, hiddens, vllm_lib=None) -> dict:
     torch.cuda.synchronize(dev)
     dist.barrier()
     return result
+
+
+def rounds_of(one_round, rounds: int) -> dict:
+    """one_round()'s values, with each time's samples over `rounds` rounds as `<key>_rounds`
+    when there is more than one (bench_report.merge takes the median of the ranks' max)."""
+    got = [one_round() for _ in range(rounds)]
+    if rounds == 1:
+        return got[0]
+    out = dict(got[0])
+    for key in got[0]:
+        if key.endswith("_us"):
+            out[f"{key}_rounds"] = [g[key] for g in got]
+    return out
 
 
 def _profile(call, settle) -> str:

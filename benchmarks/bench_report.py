@@ -5,6 +5,8 @@ can be redrawn anywhere: `python3 benchmarks/bench_ar_rms.py --replot data/bench
 """
 from __future__ import annotations
 
+import statistics
+
 
 def merge(reps: list[dict]) -> dict:
     """Max over ranks of every per-rank median."""
@@ -14,6 +16,9 @@ def merge(reps: list[dict]) -> dict:
     for key, first in reps[0]["rows"].items():
         row = out["rows"][key] = {k: _merged(k, [r["rows"][key][k] for r in reps])
                                   for k in first}
+        for k in first:  # BENCH_ROUNDS: each round's slowest rank, then the rounds' median
+            if k.endswith("_us_rounds"):
+                row[k[:-len("_rounds")]] = statistics.median(row[k])
         if "paths_us" in first:
             row["paths_us"] = {p: max(r["rows"][key]["paths_us"][p] for r in reps)
                                for p in first["paths_us"] if p != "mismatch"}
@@ -29,6 +34,8 @@ def _merged(key: str, values: list):
         return all(values)
     if key.endswith("_us") and key != "paths_us":
         return max(values)
+    if key.endswith("_us_rounds"):
+        return [max(v) for v in zip(*values)]
     return values[0]
 
 

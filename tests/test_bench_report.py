@@ -112,3 +112,19 @@ def test_sweep_forces_only_built_variants():
             for sched in scheds:
                 assert any(v["MAXH"] == bound and v["W"] == W and
                            all(v[k] == sched[k] for k in sched) for v in runtime_h), (H, W, sched)
+
+
+def test_rounds_take_each_rounds_slowest_rank_then_the_median():
+    """BENCH_ROUNDS: the rank-merged samples are max over ranks per round, and the time
+    reported is their median, not the max of the ranks' own medians."""
+    from benchmarks.bench_ar_rms import rounds_of
+    samples = iter([{"fused_us": 3.0, "path": "x"}, {"fused_us": 5.0, "path": "x"},
+                    {"fused_us": 4.0, "path": "x"}])
+    fast = rounds_of(lambda: next(samples), 3)
+    assert fast == {"fused_us": 3.0, "path": "x", "fused_us_rounds": [3.0, 5.0, 4.0]}
+    slow = {"fused_us": 9.0, "path": "x", "fused_us_rounds": [4.0, 1.0, 9.0]}
+    row = merge([{"null_us": 1.0, "rows": {"k": fast}},
+                 {"null_us": 1.0, "rows": {"k": slow}}])["rows"]["k"]
+    assert row["fused_us_rounds"] == [4.0, 5.0, 9.0]
+    assert row["fused_us"] == 5.0  # the ranks' own medians would give max(4, 4) = 4
+    assert rounds_of(lambda: {"fused_us": 2.0}, 1) == {"fused_us": 2.0}
