@@ -8,6 +8,20 @@ def pytest_addoption(parser):
                      help="run the full interleave test: 300 steps x 20 seeds")
 
 
+# the full interleave run takes about half an hour on one core (6000 steps of about 0.3 s),
+# past the suite's 600 s per-test timeout (pyproject.toml); with --long, the tests that ask
+# for `long_run` get this bound instead
+LONG_RUN_TIMEOUT_S = 3600
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--long"):
+        return
+    for item in items:
+        if "long_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(LONG_RUN_TIMEOUT_S))
+
+
 @pytest.fixture
 def long_run(request) -> bool:
     return bool(request.config.getoption("--long"))
