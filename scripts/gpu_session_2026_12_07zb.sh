@@ -8,7 +8,8 @@
 # shards out of L2 under MPS; not a candidate, since the next kernel reads out). (A probe e,
 # the staging shards with an L2 evict_last cache policy, was dropped before the call: under
 # MPS the L2 set-aside that evict_last lines use is 0 unless the daemon starts with one.)
-# Carry build, build_vars (each variant's changed kernels and manifest) and peers_src.
+# Carry build, build_vars (each variant's changed kernels and manifest, made by
+# scripts/streaming_variants.sh) and peers_src.
 W=/tmp/s1; TAG=s1; source scripts/session_steps.sh
 for v in c s d r1; do rm -rf build_$v; cp -r build build_$v; cp -r build_vars/$v/. build_$v/; done
 ab() {  # name, build

@@ -2,7 +2,7 @@
 # Device call S3 (2026-12-07, sixth session): S2's item-5 run at TP4, then S1's A/B of the
 # streamed halves (both, r1, c, s, d as there), as many interleaved rounds as the call's
 # time allows. S1 and S2 could not start as separate calls (eight refused starts). Carry
-# build, build_vars and peers_src.
+# build, build_vars (scripts/streaming_variants.sh) and peers_src.
 W=/tmp/s3; TAG=s3; source scripts/session_steps.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for v in c s d r1; do rm -rf build_$v; cp -r build build_$v; cp -r build_vars/$v/. build_$v/; done
