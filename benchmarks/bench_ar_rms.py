@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from benchmarks.bench_report import merge, plot, report  # noqa: E402
 from benchmarks.forced_paths import forced_paths  # noqa: E402
 from benchmarks.rank_harness import (CUSTOM_MAX_BYTES, graph_time_us, norm_inputs,  # noqa: E402
-                                     rank_communicator, rank_env, run_ranks)
+                                     over_custom_limit, rank_communicator, rank_env,
+                                     run_ranks)
 
 # BENCH_ROWS="1 16" narrows the rows of a run (a quick before/after); BENCH_SINGLE_GPU=0
 # leaves out the single-GPU peers (torch eager / compile / Triton at hidden[0])
@@ -176,7 +177,7 @@ def rank_main(rank, world, port, build, hiddens, vllm_lib=None) -> dict:
         tri = triton_add_rmsnorm()
     for hidden in hiddens:
         for rows in ROWS:
-            if rows * hidden * 2 > CUSTOM_MAX_BYTES:
+            if over_custom_limit(rows, hidden):
                 # the torch.distributed fallback, not ours, and the harness's gloo group
                 # cannot run it under a CUDA graph: skipped, said once by rank 0
                 if rank == 0:

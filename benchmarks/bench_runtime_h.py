@@ -24,7 +24,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchmarks.rank_harness import CUSTOM_MAX_BYTES, graph_time_us  # noqa: E402
+from benchmarks.rank_harness import graph_time_us, over_custom_limit  # noqa: E402
 from benchmarks.rank_harness import (norm_inputs, rank_communicator, rank_env,  # noqa: E402
                                      run_ranks)
 
@@ -90,7 +90,7 @@ def rank_main(rank, world, port, build, hiddens, rows_list) -> dict:
     for hidden in hiddens:
         specialized = comm.built.row_kernel("add_rmsnorm", hidden).size_key == "H"
         for rows in rows_list:
-            if rows * hidden * 2 > CUSTOM_MAX_BYTES:  # the fallback all-reduce: not ours
+            if over_custom_limit(rows, hidden):  # the fallback all-reduce: not ours
                 continue
             x, res, w = norm_inputs(torch, rows, hidden, dev)
             entry = {"bytes_equal": same_bytes(comm, x, res, w, specialized)}
